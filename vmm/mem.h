@@ -1,0 +1,69 @@
+/* mem.h: guest RAM and its memory plane (per-page state, dedup modes, stats). */
+#ifndef PVISOR_VMM_MEM_H
+#define PVISOR_VMM_MEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct json_object;
+
+/*
+ * A guest physical address. Its own type so that a host pointer and a guest
+ * address never mix; convert only through vmm_mem__hva(), which checks bounds.
+ */
+typedef struct { uint64_t v; } gpa_t;
+#define GPA(x) ((gpa_t){ .v = (x) })
+
+enum vmm_dedup_mode { VMM_DEDUP_PHYSICAL, VMM_DEDUP_KSM, VMM_DEDUP_OFF };
+
+/* struct vmm_mem_cfg - how to build guest RAM and its memory plane */
+struct vmm_mem_cfg {
+	uint64_t size;            /* bytes of guest RAM, multiple of 4096 */
+	enum vmm_dedup_mode dedup;
+	const char *pool_path;    /* pool control socket (physical) */
+	const char *domain;       /* sharing domain declared to the pool */
+	const char *name;         /* this VM's name in pool stats */
+	unsigned cpu_pct;         /* cap on the dedup thread's CPU, percent of one core (1..100) */
+	uint64_t vma_budget;      /* max VMAs the plane may create; 0 = derive from vm.max_map_count */
+};
+
+/* struct vmm_mem_stats - per-VM figures, for the API socket and the exit log */
+struct vmm_mem_stats {
+	uint64_t pages;            /* guest RAM pages */
+	uint64_t pages_private;    /* populated, not shared, not zero-discarded */
+	uint64_t pages_shared;     /* mapped from a pool slot */
+	uint64_t pages_zero;       /* discarded as all-zero */
+	uint64_t pages_hashed;     /* hash operations done (a page hashed twice counts twice) */
+	uint64_t merges;           /* pages remapped to a pool slot */
+	uint64_t merge_fail;       /* MAP verdicts refused because the bytes differed */
+	uint64_t cow_breaks;       /* shared pages the guest wrote (reference dropped) */
+	uint64_t wp_faults;        /* write faults on protected pages handled */
+	uint64_t vma_skipped;      /* merges skipped to stay inside the VMA budget */
+	uint64_t bytes_saved;      /* (shared + zero) * 4096 */
+	uint64_t merge_ns_last;    /* time from a page's hash to its remap, last merge */
+	uint64_t merge_ns_avg;     /* same, average over all merges */
+	uint64_t dedup_cpu_ns;     /* CPU time of the dedup thread */
+	bool pool_connected;
+	uint32_t pool_reconnects;
+};
+
+/* Map guest RAM and set up the plane; the dedup thread is not started yet. */
+int vmm_mem__create(struct vmm_mem **out, const struct vmm_mem_cfg *cfg);
+/* Start the dedup thread (physical), or MADV_MERGEABLE (ksm); no-op for off. */
+int vmm_mem__start(struct vmm_mem *m);
+/* Stop the dedup thread, print nothing, unmap guest RAM. */
+void vmm_mem__destroy(struct vmm_mem *m);
+
+uint64_t vmm_mem__size(const struct vmm_mem *m);
+/* Host pointer for [gpa, gpa+len), or NULL if any of it lies outside guest RAM. */
+void *vmm_mem__hva(struct vmm_mem *m, gpa_t gpa, uint64_t len);
+
+/* Pages [gpa, gpa+len) were just filled by a file read: hash them first. */
+void vmm_mem__hint(struct vmm_mem *m, gpa_t gpa, uint64_t len);
+
+void vmm_mem__stats(struct vmm_mem *m, struct vmm_mem_stats *out);
+/* Add the stats as members of a json-c object. */
+void vmm_mem__stats_json(struct vmm_mem *m, struct json_object *obj);
+
+#endif
