@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 struct json_object;
+struct vmm_mem; /* opaque; one per guest */
 
 /*
  * A guest physical address. Its own type so that a host pointer and a guest
