@@ -50,6 +50,8 @@ run_build() { # $1 = build dir, rest = meson setup options
 	summarise "$dir"
 }
 
+# A fresh machine has nothing: install what is missing and build (idempotent).
+scripts/setup.sh >/dev/null || { echo "run-tests: scripts/setup.sh failed"; echo "0 passed, 1 failed"; exit 1; }
 run_build "$top/build"
 if [ "$quick" = 0 ]; then
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
