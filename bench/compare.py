@@ -8,6 +8,9 @@ samples every 100 ms for a window:
   - group CPU seconds (cpuacct.usage), and ksmd's CPU from /proc/PID/stat,
     which is outside any group and is reported beside it, never dropped
   - KSM's pages_sharing and full_scans
+CPU counts from launch to the end of the window; 'dedup CPU' is the group's
+plus ksmd's CPU minus what the same VMs used with dedup off (writing and
+verifying the data is the same work in every condition).
 Time to reclaim is the first sample from which the group stays at least
 --reclaim MiB below the reference charge (the 'off' condition's charge once
 all VMs were ready, measured in the same run) until the window ends. Times
@@ -199,7 +202,9 @@ class Run:
         out = {"t_ready_s": t_ready, "end_charge_mib": end[1] / MIB, "group_cpu_s": end[2],
                "ksmd_cpu_s": end[3], "ksm_pages_sharing": end[4], "t_reclaim_s": None}
         if reference is not None:
-            limit = reference * MIB - self.args.reclaim * MIB
+            ref_mib, ref_cpu = reference
+            out["dedup_cpu_s"] = end[2] + end[3] - ref_cpu
+            limit = ref_mib * MIB - self.args.reclaim * MIB
             t = None
             for s in samples:  # first sample from which it stays below the limit
                 if s[1] <= limit:
@@ -207,7 +212,7 @@ class Run:
                 else:
                     t = None
             out["t_reclaim_s"] = t
-            out["saved_mib"] = reference - end[1] / MIB
+            out["saved_mib"] = ref_mib - end[1] / MIB
         return out
 
     def progress(self, cond, workload, t_ready, now, mem):
@@ -226,7 +231,8 @@ class Run:
 
 def table(results):
     head = f"{'workload':14} {'condition':9} {'ready s':>8} {'reclaim s':>10} {'after ready':>11} " \
-           f"{'end MiB':>8} {'saved MiB':>9} {'group CPU s':>11} {'ksmd CPU s':>10} {'readback s':>10}"
+           f"{'end MiB':>8} {'saved MiB':>9} {'group CPU s':>11} {'ksmd CPU s':>10} {'dedup CPU s':>11} " \
+           f"{'readback s':>10}"
     lines = [head, "-" * len(head)]
     for r in results:
         if r["excluded"]:
@@ -268,8 +274,8 @@ def main():
                 print(f"== {wl} / {c}", file=sys.stderr)
                 r = run.condition(c, wl, ref)
                 if c == "off" and not r["excluded"]:
-                    ref = r["ready_charge_mib"]
-                    r["t_reclaim_s"] = None
+                    ref = (r["ready_charge_mib"], r["group_cpu_s"])
+                    r["t_reclaim_s"], r["dedup_cpu_s"], r["saved_mib"] = None, 0.0, 0.0
                 results.append(r)
     finally:
         for k, v in knobs.items():
