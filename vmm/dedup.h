@@ -7,7 +7,111 @@
 
 #include "mem.h"
 
-struct vmm_dedup;
+#include "poolconn.h"
+
+/* Per-page state, the low bits of vmm_dedup.state[]. */
+enum vmm_pg {
+	VMM_PG_NEW = 0,     /* never hashed (maybe never touched); found by the sweep */
+	VMM_PG_HASHED,      /* clean, write-protected, offered to the pool */
+	VMM_PG_DIRTY,       /* written since its last hash; on the dirty queue */
+	VMM_PG_SHARED,      /* mapped from a pool slot, write-protected */
+	VMM_PG_ORPHAN,      /* mapped from a slot of a pool we lost; not re-offered until written */
+	VMM_PG_ZERO,        /* all zero, discarded, write-protected marker */
+	VMM_PG_COMPRESSED,  /* reserved: compressed tier */
+	VMM_PG_DAX,         /* reserved: DAX window */
+	VMM_PG_NSTATES,
+};
+#define VMM_PG_MASK   0x0f
+#define VMM_PG_QUEUED 0x80 /* the page index is on the dirty queue */
+
+/* struct vmm_seg - a store segment we learned about */
+struct vmm_seg {
+	int fd;            /* sealed memfd, -1 until fetched */
+	uint8_t *ro;       /* read-only private mapping used to compare before a remap */
+	uint64_t pages;    /* size in pages, from SEG_REPLY, checked against fstat */
+};
+
+/* struct vmm_mapv - one MAP verdict waiting for the run builder */
+struct vmm_mapv {
+	uint64_t page;     /* guest page */
+	uint32_t seg;      /* segment id */
+	uint32_t slot;     /* page inside the segment */
+};
+
+/* struct vmm_dedup - the dedup thread and everything only it touches */
+struct vmm_dedup {
+	struct vmm_mem *m;
+	pthread_t thread;
+	bool thread_started;
+	bool stop;                    /* set by destroy, read with atomics */
+	int uffd;                     /* write-protect userfaultfd over guest RAM */
+	uint64_t uffd_features;       /* what UFFDIO_API granted */
+	int ctl_efd;                  /* wakes the thread: stop, hints */
+	int pagemap_fd;               /* /proc/self/pagemap */
+	uint8_t *state;               /* enum vmm_pg | VMM_PG_QUEUED, one byte per page */
+	uint32_t *ref;                /* SHARED/ORPHAN: global slot; HASHED: hash time (us);
+				       * DIRTY: dirty time (ms) */
+	uint64_t count[VMM_PG_NSTATES]; /* pages in each state */
+	uint32_t *dq;                 /* dirty FIFO of page indices, capacity m->pages */
+	uint64_t dq_head, dq_len;
+	pthread_mutex_t hint_lock;    /* protects the hint list (any thread adds) */
+	uint64_t (*hints)[2];         /* (first page, count) ranges */
+	uint32_t nhints, hint_cap;
+	uint64_t sweep_pos;           /* next page the NEW sweep looks at */
+	uint64_t sweep_at_ns;         /* no sweep before this time (backoff) */
+	uint64_t sweep_backoff_ns;    /* grows while passes find nothing */
+	bool sweep_found;             /* this pass found populated NEW pages */
+	struct vmm_pool pool;         /* the connection, or sock -1 */
+	uint64_t reconnect_at_ns;     /* next connection attempt */
+	struct vmm_seg *segs;         /* indexed by segment id */
+	uint32_t nsegs;
+	uint8_t *staging_busy;        /* per staging slot: an UPLOAD names it */
+	uint32_t staging_free;
+	uint32_t *upq;                /* pages with an UPLOAD verdict waiting for staging */
+	uint32_t upq_head, upq_len, upq_cap;
+	struct vmm_mapv *mapv;        /* MAP verdicts of this round */
+	uint32_t nmapv, mapv_cap;
+	uint64_t vma_budget;          /* VMAs the plane may add */
+	uint64_t vma_used;            /* upper bound of the VMAs it added */
+	uint64_t vma_base;            /* process VMAs when the plane started */
+	uint64_t max_map_count;       /* vm.max_map_count at start */
+	uint64_t vma_recount_ns;      /* last time vma_used was corrected from /proc/self/maps */
+	uint32_t staging_cursor;      /* where the next free staging slot search starts */
+	bool ever_connected;          /* a later connection counts as a reconnect */
+	uint64_t bad_conn;            /* garbage completions on this connection */
+	bool test_no_wp;              /* PVISOR_TEST_NO_WP: unprotect before compare */
+	uint64_t test_merge_delay_us; /* PVISOR_TEST_MERGE_DELAY_US */
+	uint64_t t0_ns;               /* epoch of the us/ms stamps in ref[] */
+	uint64_t throttle_until_ns;   /* no hashing before this (CPU cap) */
+	uint64_t cpu_mark_ns;         /* thread CPU at the last throttle decision */
+	uint64_t merge_ns_sum;        /* for merge_ns_avg */
+	struct vmm_mem_stats st;      /* the thread's own counters */
+};
+
+/* dedup.c */
+void vmm_dedup_set_state(struct vmm_dedup *dd, uint64_t page, enum vmm_pg s);
+static inline enum vmm_pg vmm_dedup_state(const struct vmm_dedup *dd, uint64_t page)
+{
+	return (enum vmm_pg)(dd->state[page] & VMM_PG_MASK);
+}
+uint32_t vmm_dedup_now_us(const struct vmm_dedup *dd);
+void vmm_dedup_send(struct vmm_dedup *dd, uint16_t op, uint64_t page, const uint64_t *hash,
+		    uint32_t seg, uint32_t slot);
+void vmm_dedup_disconnect(struct vmm_dedup *dd, const char *why);
+int vmm_dedup_pagemap(struct vmm_dedup *dd, uint64_t first, uint64_t n, uint64_t *out);
+void vmm_dedup_mark_dirty(struct vmm_dedup *dd, uint64_t page);
+
+/* merge.c */
+int vmm_merge__init(struct vmm_dedup *dd);
+/* A new connection: every staging slot is free. */
+void vmm_merge__connected(struct vmm_dedup *dd);
+/* Read every completion, upload, merge; false if the pool must be dropped. */
+void vmm_merge__completions(struct vmm_dedup *dd);
+/* Forget all per-connection merge state (segments, staging, queues). */
+void vmm_merge__reset(struct vmm_dedup *dd);
+void vmm_merge__fini(struct vmm_dedup *dd);
+/* Remember how many VMAs the process had before the plane added any. */
+void vmm_merge__count_vmas(struct vmm_dedup *dd);
 
 /* struct vmm_mem - one guest's RAM and its memory plane */
 struct vmm_mem {

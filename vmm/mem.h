@@ -47,6 +47,11 @@ struct vmm_mem_stats {
 	uint64_t dedup_cpu_ns;     /* CPU time of the dedup thread */
 	bool pool_connected;
 	uint32_t pool_reconnects;
+	/* added after the first interface: */
+	uint64_t bad_verdicts;     /* completions from the pool that were ignored as garbage */
+	uint64_t hash_ns;          /* wall time spent hashing (pages_hashed / hash_ns = rate) */
+	uint64_t first_hash_ns;    /* CLOCK_MONOTONIC of the first hash, 0 if none */
+	uint64_t last_merge_ns;    /* CLOCK_MONOTONIC of the latest remap, 0 if none */
 };
 
 /* Map guest RAM and set up the plane; the dedup thread is not started yet. */
