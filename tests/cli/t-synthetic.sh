@@ -15,7 +15,7 @@ ctl_refused() {
 	if [ "$rc" != 1 ] || ! grep -q '"ok":false,"error":' <<<"$r"; then
 		t_bad "ctl $*: exit $rc, want 1 and an error reply: $r"
 	else
-		echo "  ok: refused '$*': $(t_json 'j["error"]' <<<"$r")"
+		echo "  ok: refused: $r"
 	fi
 }
 
