@@ -217,7 +217,11 @@ class Run:
 
     def progress(self, cond, workload, t_ready, now, mem):
         left = "filling" if t_ready is None else f"{t_ready + self.args.window - now:5.1f} s left"
-        sys.stderr.write(f"\r  {cond:9} {workload:14} {left:14} group {mem / MIB:7.1f} MiB")
+        line = f"  {cond:9} {workload:14} {left:14} group {mem / MIB:7.1f} MiB"
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line)
+        elif int(now / 5) != int((now - 0.1) / 5):  # a line every 5 s in a log
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
     def wait_for(self, pred, secs, what):
@@ -242,8 +246,8 @@ def table(results):
         rec_s = "not reached" if rec is None else f"{rec:.2f}"
         aft = "-" if rec is None else f"{max(0.0, rec - r['t_ready_s']):.2f}"
         lines.append(f"{r['workload']:14} {r['condition']:9} {r['t_ready_s']:8.2f} {rec_s:>10} {aft:>11} "
-                     f"{r['end_charge_mib']:8.1f} {r.get('saved_mib', 0.0):9.1f} {r['group_cpu_s']:11.2f} {r['ksmd_cpu_s']:10.2f} "
-                     f"{r['readback_s']:10.2f}")
+                     f"{r['end_charge_mib']:8.1f} {r.get('saved_mib', 0.0):9.1f} {r['group_cpu_s']:11.2f} "
+                     f"{r['ksmd_cpu_s']:10.2f} {r.get('dedup_cpu_s', 0.0):11.2f} {r['readback_s']:10.2f}")
     return "\n".join(lines)
 
 
