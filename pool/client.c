@@ -526,6 +526,7 @@ bool pool_client__idle(struct ev_loop *loop, void *data)
 			c->pending = pool_ring__serve(c);
 		if (c->ovf_n)
 			pool_ring__flush(c);
+		pool_ring__kick(c);
 		more |= c->pending;
 	}
 	/* Serving may have marked clients dead again; next turn detaches them. */

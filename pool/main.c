@@ -121,6 +121,11 @@ static int64_t pool_flush_tick(struct ev_loop *loop, uint64_t id, void *data)
 	for (struct pool_client *c = p->clients; c; c = c->next) {
 		if (c->ovf_n)
 			pool_ring__flush(c);
+		/* Safety net for a client that lost a doorbell race. */
+		if (c->ring && !c->dead && !c->pending &&
+		    proto_load_acquire(&c->sq_idx->tail) != c->sq_head)
+			c->pending = true;
+		pool_ring__kick(c);
 		any |= c->ovf_n != 0;
 	}
 	return any ? 1 : 100;

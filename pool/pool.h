@@ -204,6 +204,7 @@ struct pool_client {
 	uint32_t cq_tail;          /* the pool's own producer index, never read back */
 	bool pending;              /* SQEs left after the fairness cap */
 	bool dead;                 /* detach requested while in a callback */
+	bool kick;                 /* CQ went non-empty: ring complete_efd before sleeping */
 
 	/* verdicts that did not fit in the CQ, in order */
 	struct proto_cqe *ovf;
@@ -255,6 +256,8 @@ void pool_ring__post(struct pool_client *c, uint64_t page, uint32_t verdict, uin
 		     uint32_t slot, uint32_t staging, uint32_t op);
 /* Serve up to the fairness cap of SQEs; returns true if more are left. */
 bool pool_ring__serve(struct pool_client *c);
+/* Ring the complete eventfd if this batch made the CQ non-empty. */
+void pool_ring__kick(struct pool_client *c);
 /* Move overflowed verdicts into the CQ where there is room. */
 void pool_ring__flush(struct pool_client *c);
 

@@ -111,18 +111,24 @@ static void pool_ring_kick(struct pool_client *c)
 		log_debug("client %u: complete eventfd: %s", c->id, strerror(errno));
 }
 
-/* Write @n verdicts into the CQ; the caller checked there is room. */
+/*
+ * Write @n verdicts into the CQ; the caller checked there is room. The CQ was
+ * empty, and the client may be asleep, if its head equals our old tail after
+ * we published the new tail (store tail, full fence, load head; the client
+ * stores head, fences and reloads tail before it sleeps).
+ */
 static void pool_ring_put(struct pool_client *c, const struct proto_cqe *v, uint32_t n,
 			  bool *was_empty)
 {
-	uint32_t head = proto_load_acquire(&c->cq_idx->head);
+	uint32_t old = c->cq_tail;
 
-	if (head == c->cq_tail)
-		*was_empty = true;
 	for (uint32_t i = 0; i < n; i++)
 		c->cqes[(c->cq_tail + i) & (c->cq_entries - 1)] = v[i];
 	c->cq_tail += n;
 	proto_store_release(&c->cq_idx->tail, c->cq_tail);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (proto_load_acquire(&c->cq_idx->head) == old)
+		*was_empty = true;
 }
 
 static int pool_ring_ovf_push(struct pool_client *c, const struct proto_cqe *v)
@@ -165,7 +171,14 @@ void pool_ring__flush(struct pool_client *c)
 		c->ovf_n--;
 	}
 	if (was_empty)
+		c->kick = true;
+}
+
+void pool_ring__kick(struct pool_client *c)
+{
+	if (c->kick && c->ring && !c->dead)
 		pool_ring_kick(c);
+	c->kick = false;
 }
 
 static void pool_ring_count(struct pool *p, struct pool_client *c, uint32_t verdict)
@@ -210,8 +223,9 @@ void pool_ring__post(struct pool_client *c, uint64_t page, uint32_t verdict, uin
 		return;
 	}
 	pool_ring_put(c, &v, 1, &was_empty);
+	/* One doorbell per batch, rung before the loop sleeps (pool_client__idle). */
 	if (was_empty)
-		pool_ring_kick(c);
+		c->kick = true;
 }
 
 static void pool_ring_einval(struct pool_client *c, const struct proto_sqe *q)
@@ -278,7 +292,12 @@ bool pool_ring__serve(struct pool_client *c)
 	if (c->dead)
 		return false;
 	proto_store_release(&c->sq_idx->head, c->sq_head);
-	/* An SQE posted after we read tail got no doorbell (ring was not empty). */
+	/*
+	 * A client that saw our old head skipped the doorbell. Store head, full
+	 * fence, load tail: with the client doing store tail, fence, load head,
+	 * one of the two always sees the other's entry (Dekker).
+	 */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	tail = proto_load_acquire(&c->sq_idx->tail);
 	return tail != c->sq_head;
 }

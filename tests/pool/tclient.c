@@ -248,6 +248,9 @@ bool t_try_submit(struct t_client *c, const struct proto_sqe *q, int ms)
 	}
 	c->sqes[tail & (c->hdr.sq_entries - 1)] = *q;
 	proto_store_release(&c->sq->tail, tail + 1);
+	/* Store tail, full fence, load head: the pool does the mirror image. */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	head = proto_load_acquire(&c->sq->head);
 	if (tail == head && write(c->submit_efd, &one, sizeof(one)) != sizeof(one))
 		t_fail("submit eventfd: %s", strerror(errno));
 	return true;
