@@ -72,6 +72,20 @@ int main(int argc, char **argv)
 		}
 	}
 	t1 = util_now_ns();
+	{
+		char path[64];
+		unsigned long ut = 0, st = 0;
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)pool.pid);
+		f = fopen(path, "r");
+		if (f && fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+				&ut, &st) == 2)
+			printf("pool CPU: %.2f s user + %.2f s system = %.2f us per merged page\n",
+			       ut / 100.0, st / 100.0, (ut + st) * 1e4 / n);
+		if (f)
+			fclose(f);
+	}
 	s = t_stat(pool.sock, false);
 	printf("pages %llu: %.0f pages/s merged (%.2f us/page), metadata %lld bytes = %.1f bytes/page"
 	       " (2 refs per slot), merge latency %lld us, store %lld bytes\n",
