@@ -76,6 +76,7 @@ struct pool_seg {
 	uint32_t fresh;            /* slots from here on were never used (untouched memory) */
 	uint32_t used;             /* live slots */
 	uint32_t nfree;            /* set bits in freemap */
+	uint32_t empty_ticks;      /* 1 s ticks seen with no live slot */
 };
 
 /* struct pool_store - every segment and the byte budget */
@@ -103,6 +104,8 @@ void pool_store__fini(struct pool_store *s);
 int pool_store__alloc(struct pool_store *s, struct pool_alloc_hint *hint, uint64_t page,
 		      uint32_t *seg, uint32_t *slot);
 void pool_store__free(struct pool_store *s, uint32_t seg, uint32_t slot);
+/* Close segments that stayed empty for a tick (returns their memory). */
+void pool_store__reap(struct pool_store *s);
 /* Could an alloc succeed right now? */
 bool pool_store__has_room(struct pool_store *s);
 struct pool_seg *pool_store__seg(struct pool_store *s, uint32_t seg);

@@ -248,7 +248,23 @@ void pool_store__free(struct pool_store *s, uint32_t seg, uint32_t slot)
 	sg->nfree++;
 	sg->used--;
 	s->live--;
-	/* Keep the newest segment: it is where fresh slots come from. */
-	if (!sg->used && sg->id != s->nsegs - 1)
-		pool_seg_close(s, sg);
+}
+
+/*
+ * Once a second: close segments that stayed empty for a whole tick. Not at
+ * once, so that a burst of frees followed by new uploads reuses memory that
+ * is already faulted in; the newest segment stays, fresh slots come from it.
+ */
+void pool_store__reap(struct pool_store *s)
+{
+	for (uint32_t i = 0; i + 1 < s->nsegs; i++) {
+		struct pool_seg *sg = s->segs[i];
+
+		if (!sg)
+			continue;
+		if (sg->used)
+			sg->empty_ticks = 0;
+		else if (sg->empty_ticks++ >= 1)
+			pool_seg_close(s, sg);
+	}
 }
