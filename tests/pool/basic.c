@@ -97,6 +97,25 @@ int main(void)
 				(unsigned long long)i, mb.slot, first + (uint32_t)i);
 		}
 	}
+	/* ZERO is counted once per page and saves a page; a later OFFER un-zeroes it. */
+	{
+		struct proto_sqe z = { .page = 500, .op = PROTO_OP_ZERO };
+
+		t_submit(&a, &z);
+		t_submit(&a, &z);
+		t_check(t_no_cqe(&a, 100), "ZERO is not answered");
+		s = t_stat(pool.sock, false);
+		t_check(t_stat_get(s, "zero_pages") == 1, "zero_pages %lld",
+			(long long)t_stat_get(s, "zero_pages"));
+		t_check(t_stat_client(s, a.client_id, "zero_pages") == 1, "client zero_pages");
+		json_object_put(s);
+		t_fill(other, 999);
+		t_offer(&a, 500, other);
+		t_check(t_no_cqe(&a, 100), "OFFER of a new hash is not answered");
+		s = t_stat(pool.sock, false);
+		t_check(t_stat_get(s, "zero_pages") == 0, "OFFER did not clear the zero mark");
+		json_object_put(s);
+	}
 	t_close(&a);
 	t_close(&b);
 	t_pool_stop(&pool);

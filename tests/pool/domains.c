@@ -1,4 +1,5 @@
 /* domains.c: pages are shared inside a sharing domain only; share=none shares nothing. */
+#include <errno.h>
 #include <string.h>
 
 #include "tclient.h"
@@ -62,6 +63,17 @@ int main(void)
 	t_close(&a);
 	t_close(&b);
 	t_pool_stop(&pool);
+	/* physical = off: HELLO is refused with a message naming the key. */
+	{
+		char msg[80];
+
+		t_pool_start(&pool, "physical = off\n", NULL);
+		t_check(t_hello(&a, pool.sock, "default", "x", 64, msg, sizeof(msg)) == -EOPNOTSUPP,
+			"physical=off did not refuse HELLO");
+		t_check(strstr(msg, "physical"), "refusal does not name the key: %s", msg);
+		t_close(&a);
+		t_pool_stop(&pool);
+	}
 	printf("PASS\n");
 	return T_EXIT_PASS;
 }
