@@ -457,3 +457,42 @@ void pool_index__release(struct pool *p, struct pool_client *c)
 	pool_htab__each(&c->pages, pool_release_cand, p);
 	pool_htab__each(&c->refs, pool_release_ref, &a);
 }
+
+#define POOL_UPLOAD_TIMEOUT_NS (5ull * 1000000000ull)
+
+/*
+ * An asked uploader that never answers would leave its waiters waiting
+ * forever: after POOL_UPLOAD_TIMEOUT_NS ask the next live candidate instead.
+ * The old uploader's candidate stays, so a late UPLOAD from it still counts.
+ */
+static void pool_index_expire_one(struct pool_hnode *n, void *arg)
+{
+	struct pool_entry *e = (struct pool_entry *)n;
+	uint64_t now = *(uint64_t *)arg;
+	struct pool_cand *k;
+
+	if (e->state != POOL_E_UPLOADING || now - e->dup_ns < POOL_UPLOAD_TIMEOUT_NS)
+		return;
+	k = e->uploader ? e->uploader->next : NULL;
+	for (uint32_t i = 0; i < e->ncands; i++, k = k ? k->next : NULL) {
+		if (!k)
+			k = e->cands;
+		if (k != e->uploader && pool_client_alive(k->c))
+			break;
+	}
+	e->dup_ns = now;
+	if (!k || k == e->uploader)
+		return;
+	log_debug("client %u: upload of page %llu timed out; asking client %u",
+		  e->uploader ? e->uploader->c->id : 0, (unsigned long long)
+		  (e->uploader ? e->uploader->page : 0), k->c->id);
+	e->uploader = k;
+	pool_ring__post(k->c, k->page, PROTO_V_UPLOAD, 0, 0, PROTO_NO_STAGING, PROTO_OP_OFFER);
+}
+
+void pool_index__expire(struct pool *p)
+{
+	uint64_t now = util_now_ns();
+
+	pool_htab__each(&p->index, pool_index_expire_one, &now);
+}

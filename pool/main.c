@@ -110,6 +110,8 @@ static int64_t pool_tick(struct ev_loop *loop, uint64_t id, void *data)
 	p->merges_per_sec = p->cnt.merges - p->merges_last;
 	p->merges_last = p->cnt.merges;
 	pool_store__reap(&p->store);
+	if (!(++p->ticks % 5))
+		pool_index__expire(p);
 	return 1000;
 }
 

@@ -236,6 +236,7 @@ struct pool {
 	uint64_t lat_sum_ns, lat_n;    /* merge latency: dup found -> MAPs posted */
 	uint64_t merges_last, merges_per_sec;
 	uint64_t start_ns;
+	uint64_t ticks;                /* 1 s timer runs */
 };
 
 /* index.c: the merge path */
@@ -248,6 +249,8 @@ void pool_index__forget(struct pool *p, struct pool_client *c, uint64_t page);
 void pool_index__zero(struct pool *p, struct pool_client *c, uint64_t page);
 /* Socket gone: forget candidates (they cannot upload), keep references. */
 void pool_index__detach(struct pool *p, struct pool_client *c);
+/* Re-ask uploads that got no answer for a while (run every few seconds). */
+void pool_index__expire(struct pool *p);
 /* Process gone: release every reference. */
 void pool_index__release(struct pool *p, struct pool_client *c);
 

@@ -109,6 +109,17 @@ int main(void)
 	t_check(t_stat_get(s, "upload_mismatches") == 1, "upload_mismatches");
 	json_object_put(s);
 
+	/* An uploader that never answers: after the timeout the other candidate is asked. */
+	t_fill(c2, 45);
+	t_offer(&h, 7, c2);
+	t_offer(&x, 7, c2);
+	t_expect(&x, PROTO_V_UPLOAD, PROTO_NO_STAGING, "x asked to upload (and stays silent)");
+	t_check(t_wait_cqe(&h, &v, 12000) && v.verdict == PROTO_V_UPLOAD && v.page == 7,
+		"silent uploader was never replaced");
+	t_upload(&h, 7, c2, 1);
+	t_expect(&h, PROTO_V_MAP, 1, "replacement upload maps");
+	t_expect(&x, PROTO_V_MAP, PROTO_NO_STAGING, "silent candidate still mapped");
+
 	/* Flood: many bad entries and never consume the CQ -> disconnected. */
 	{
 		struct t_client f;
@@ -167,7 +178,7 @@ int main(void)
 	t_merge(&h, 5, &h2, 5, c2, &mh, &v);
 	s = t_stat(pool.sock, true);
 	t_check(t_stat_get(s, "audit_mismatches") == 0, "store audit found changed pages");
-	t_check(t_stat_get(s, "audit_checked") == 3, "audit checked %lld",
+	t_check(t_stat_get(s, "audit_checked") == 4, "audit checked %lld",
 		(long long)t_stat_get(s, "audit_checked"));
 	t_check(t_stat_get(s, "errors") >= 10, "errors counter");
 	json_object_put(s);
