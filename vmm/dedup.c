@@ -39,7 +39,8 @@
  *
  * If the pool goes away the guest keeps every byte: shared pages stay mapped
  * (the mappings hold the segments) and become ORPHAN; HASHED pages go back to
- * NEW so that they are offered to the next pool; we retry every second.
+ * NEW so that they are offered to the next pool; we retry every second. On
+ * reconnect ORPHAN pages become NEW too and are offered to the new pool.
  *
  * Test knobs, read once at create from the environment (tests only):
  *   PVISOR_TEST_NO_WP=1           unprotect each run just before the compare,
@@ -420,6 +421,15 @@ static void vmm_dedup_connect(struct vmm_dedup *dd, uint64_t now)
 	dd->ever_connected = true;
 	dd->st.pool_connected = true;
 	vmm_merge__connected(dd);
+	/*
+	 * Pages still mapped from a lost pool's segments are offered to this
+	 * one: otherwise a VM started after a pool restart could never share
+	 * with them. They stay mapped (and shared with the VMs that map the same
+	 * old slot) until a MAP from the new pool replaces them.
+	 */
+	for (uint64_t p = 0; p < m->pages; p++)
+		if (vmm_dedup_state(dd, p) == VMM_PG_ORPHAN)
+			vmm_dedup_set_state(dd, p, VMM_PG_NEW);
 	dd->sweep_pos = 0;
 	dd->sweep_at_ns = 0;
 	dd->sweep_backoff_ns = 0;
@@ -634,6 +644,7 @@ int vmm_dedup__start(struct vmm_dedup *dd)
 
 	if (ret)
 		return -ret;
+	pthread_setname_np(dd->thread, "dedup");
 	dd->thread_started = true;
 	return 0;
 }

@@ -15,7 +15,7 @@ enum vmm_pg {
 	VMM_PG_HASHED,      /* clean, write-protected, offered to the pool */
 	VMM_PG_DIRTY,       /* written since its last hash; on the dirty queue */
 	VMM_PG_SHARED,      /* mapped from a pool slot, write-protected */
-	VMM_PG_ORPHAN,      /* mapped from a slot of a pool we lost; not re-offered until written */
+	VMM_PG_ORPHAN,      /* mapped from a slot of a pool we lost; offered again on reconnect */
 	VMM_PG_ZERO,        /* all zero, discarded, write-protected marker */
 	VMM_PG_COMPRESSED,  /* reserved: compressed tier */
 	VMM_PG_DAX,         /* reserved: DAX window */
@@ -65,6 +65,8 @@ struct vmm_dedup {
 	uint64_t reconnect_at_ns;     /* next connection attempt */
 	struct vmm_seg *segs;         /* indexed by segment id */
 	uint32_t nsegs;
+	uint8_t *cmpbuf;              /* VMM_CMP_PAGES slots read for the compare */
+	uint32_t cmp_first, cmp_n;    /* run index of cmpbuf's first page, pages held */
 	uint8_t *staging_busy;        /* per staging slot: an UPLOAD names it */
 	uint32_t staging_free;
 	uint32_t *upq;                /* pages with an UPLOAD verdict waiting for staging */
