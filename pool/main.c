@@ -42,6 +42,9 @@ static const struct conf_key pool_keys[] = {
 	  .help = "most verbose level logged" },
 	{ .name = "max-clients", .type = CONF_UINT, .off = POOL_OFF(max_clients), .def = "256",
 	  .min = 1, .max = 65536, .help = "most VMMs connected at once" },
+	{ .name = "vm-max-map-count", .type = CONF_UINT, .off = POOL_OFF(max_map_count), .def = "0",
+	  .max = 1ull << 31,
+	  .help = "raise sysctl vm.max_map_count to at least this at start (0: leave it)" },
 	CONF_END
 };
 
@@ -75,6 +78,43 @@ static void pool_load_conf(struct pool_conf *conf, int argc, char **argv)
 			(unsigned long long)conf->segment_size, PROTO_PAGE_SIZE);
 	if (!conf->socket[0])
 		log_die(2, "socket must not be empty");
+}
+
+/*
+ * Every run a VMM remaps is one VMA, and a VMM that reaches vm.max_map_count
+ * cannot even munmap; VMMs keep a budget below it, so a larger limit means
+ * more sharing. Raising it is host policy, hence a key and not a default.
+ */
+static void pool_raise_map_count(uint64_t want)
+{
+	const char *path = "/proc/sys/vm/max_map_count";
+	unsigned long long cur = 0;
+	bool ok;
+	FILE *f;
+
+	if (!want)
+		return;
+	f = fopen(path, "r");
+	if (!f || fscanf(f, "%llu", &cur) != 1) {
+		log_warn("vm-max-map-count: cannot read %s: %s", path, strerror(errno));
+		if (f)
+			fclose(f);
+		return;
+	}
+	fclose(f);
+	if (cur >= want)
+		return;
+	f = fopen(path, "w");
+	ok = f && fprintf(f, "%llu\n", (unsigned long long)want) > 0;
+	if (f && fclose(f))
+		ok = false;
+	if (!ok) {
+		log_warn("vm-max-map-count: cannot raise %s from %llu to %llu: %s (run as root, or "
+			 "set vm.max_map_count in /etc/sysctl.d)", path, cur,
+			 (unsigned long long)want, strerror(errno));
+		return;
+	}
+	log_info("raised vm.max_map_count from %llu to %llu", cur, (unsigned long long)want);
 }
 
 static void pool_signal(struct ev_loop *loop, int fd, void *data, int events)
@@ -157,6 +197,7 @@ static int pool_run(struct pool *p)
 	ret = pool_client__listen(p);
 	if (ret)
 		goto out_signal;
+	pool_raise_map_count(p->conf.max_map_count);
 	ev_set_idle(p->loop, pool_client__idle, p);
 	ev_timer_add(p->loop, 1000, pool_tick, p);
 	ev_timer_add(p->loop, 100, pool_flush_tick, p);

@@ -27,6 +27,7 @@ struct pool_conf {
 	int share;             /* enum pool_share */
 	int log_level;         /* enum log_level */
 	uint64_t max_clients;  /* most HELLO'd clients at once */
+	uint64_t max_map_count; /* raise vm.max_map_count to this at start; 0 = leave */
 };
 
 /* --- intrusive hash table (htab.c) ---------------------------------------- */

@@ -46,5 +46,23 @@ for i in $(seq 100); do [ -S "$D/p.sock" ] && break; sleep 0.05; done
 kill $pid; wait $pid || { echo "FAIL: pool did not exit 0 on SIGTERM"; fail=1; }
 [ -e "$D/p.sock" ] && { echo "FAIL: socket left behind"; fail=1; }
 
+# vm-max-map-count raises the sysctl (root only) and never lowers it; restored afterwards.
+if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/max_map_count ]; then
+	old=$(cat /proc/sys/vm/max_map_count)
+	trap 'echo "$old" > /proc/sys/vm/max_map_count' EXIT
+	for want in $((old + 1000)) $((old - 1000)); do
+		"$BIN" --config "$D/empty.conf" --socket "$D/m.sock" --vm-max-map-count $want 2>"$D/m.log" &
+		pid=$!
+		for i in $(seq 100); do [ -S "$D/m.sock" ] && break; sleep 0.05; done
+		kill $pid; wait $pid
+		now=$(cat /proc/sys/vm/max_map_count)
+		[ $want -gt $old ] && [ "$now" != $want ] && { echo "FAIL: vm.max_map_count is $now, not $want"; fail=1; }
+		[ $want -lt $old ] && [ "$now" != $((old + 1000)) ] && { echo "FAIL: vm.max_map_count was lowered to $now"; fail=1; }
+	done
+	echo "$old" > /proc/sys/vm/max_map_count
+else
+	echo "vm-max-map-count: not root, sysctl part skipped"
+fi
+
 [ $fail = 0 ] && echo PASS
 exit $fail
