@@ -539,4 +539,11 @@ void pool_client__free_all(struct pool *p)
 {
 	while (p->clients)
 		pool_client_release(p->clients);
+	/* Domains live as long as the daemon (their ids key the index). */
+	while (p->domains) {
+		struct pool_domain *d = p->domains;
+
+		p->domains = d->next;
+		pool_mem__free(d, sizeof(*d));
+	}
 }

@@ -39,8 +39,8 @@ run_build() { # $1 = build dir, rest = meson setup options
 	if [ ! -d "$dir" ]; then
 		meson setup "$dir" "$@" >/dev/null || { echo "run-tests: meson setup $dir failed"; failed=$((failed + 1)); return; }
 	fi
-	if ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
-		cat "$dir.ninja.log"
+	if ! ninja -C "$dir" >"$dir/build-output.log" 2>&1; then
+		cat "$dir/build-output.log"
 		echo "run-tests: build in $dir failed"
 		failed=$((failed + 1))
 		return

@@ -460,6 +460,8 @@ static void vmm_merge_batch(struct vmm_dedup *dd)
 {
 	uint32_t n = dd->nmapv, i = 0;
 
+	if (!n)
+		return;
 	dd->nmapv = 0;
 	qsort(dd->mapv, n, sizeof(*dd->mapv), vmm_merge_cmp);
 	while (i < n && vmm_pool__up(&dd->pool)) {
