@@ -340,6 +340,25 @@ int conf_parse_args(const struct conf_key *keys, void *obj, int argc, char **arg
 	return 0;
 }
 
+int conf_load_all(const struct conf_key *keys, void *obj, int argc, char **argv, int *idx,
+		  char *err, size_t errlen)
+{
+	const struct conf_key *k = conf_lookup(keys, "config", strlen("config"));
+	const char *file = conf_find_arg(argc, argv, "config");
+	int ret;
+
+	ret = conf_defaults(keys, obj, err, errlen);
+	if (ret)
+		return ret;
+	if (file)
+		ret = conf_load(keys, obj, file, true, err, errlen);
+	else if (k && k->def && *k->def)
+		ret = conf_load(keys, obj, k->def, false, err, errlen);
+	if (ret)
+		return ret;
+	return conf_parse_args(keys, obj, argc, argv, idx, err, errlen);
+}
+
 void conf_usage(const struct conf_key *keys, FILE *out)
 {
 	static const char *const kinds[] = { "STR", "on|off", "", "SIZE", "N", "" };

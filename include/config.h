@@ -65,6 +65,15 @@ int conf_load(const struct conf_key *keys, void *obj, const char *path,
 int conf_parse_args(const struct conf_key *keys, void *obj, int argc,
 		    char **argv, int *idx, char *err, size_t errlen);
 
+/*
+ * What every program does at start: defaults, then the config file (the one
+ * named by --config, which must exist, else the "config" key's default if
+ * the table has one, which may be missing), then the flags from argv[*idx].
+ * Returns 0 or -errno with err set; *idx as for conf_parse_args().
+ */
+int conf_load_all(const struct conf_key *keys, void *obj, int argc, char **argv, int *idx,
+		  char *err, size_t errlen);
+
 /* Find the value of --name / --name=value in argv without parsing the rest. */
 const char *conf_find_arg(int argc, char **argv, const char *name);
 

@@ -61,15 +61,10 @@ static void pool_usage(FILE *out)
 
 static void pool_load_conf(struct pool_conf *conf, int argc, char **argv)
 {
-	const char *path = conf_find_arg(argc, argv, "config");
 	char err[1024];
 	int idx = 1;
 
-	if (conf_defaults(pool_keys, conf, err, sizeof(err)))
-		log_die(2, "%s", err);
-	if (conf_load(pool_keys, conf, path ? path : conf->config, path != NULL, err, sizeof(err)))
-		log_die(2, "%s", err);
-	if (conf_parse_args(pool_keys, conf, argc, argv, &idx, err, sizeof(err)))
+	if (conf_load_all(pool_keys, conf, argc, argv, &idx, err, sizeof(err)))
 		log_die(2, "%s", err);
 	if (idx < argc)
 		log_die(2, "unexpected argument '%s' (see --help)", argv[idx]);

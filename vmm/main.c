@@ -158,15 +158,10 @@ static void vmm_opts_check(struct vmm_opts *o)
 /* Settings: defaults, then --config FILE, then the flags. Dies with status 2. */
 static void vmm_opts_load(struct vmm_opts *o, int argc, char **argv)
 {
-	const char *file = conf_find_arg(argc, argv, "config");
 	char err[1024];
 	int idx = 1;
 
-	if (conf_defaults(vmm_keys, o, err, sizeof(err)))
-		log_die(2, "built-in defaults: %s", err);
-	if (file && conf_load(vmm_keys, o, file, true, err, sizeof(err)))
-		log_die(2, "%s", err);
-	if (conf_parse_args(vmm_keys, o, argc, argv, &idx, err, sizeof(err)))
+	if (conf_load_all(vmm_keys, o, argc, argv, &idx, err, sizeof(err)))
 		log_die(2, "%s", err);
 	if (idx < argc)
 		log_die(2, "unexpected argument '%s' (flags are --key value; see pvisor run --help)",

@@ -8,6 +8,7 @@
 #include "config.h"
 
 struct t_settings {
+	char config[64];
 	char path[64];
 	bool flag;
 	int mode;
@@ -19,6 +20,7 @@ struct t_settings {
 static const char *const t_modes[] = { "domain", "none", NULL };
 
 static const struct conf_key t_keys[] = {
+	{ "config", CONF_STR, offsetof(struct t_settings, config), 64, "/nonexistent/default.conf", NULL, 0, 0, "file", true },
 	{ "path", CONF_STR, offsetof(struct t_settings, path), 64, "/run/x", NULL, 0, 0, "a path", false },
 	{ "physical", CONF_BOOL, offsetof(struct t_settings, flag), 0, "off", NULL, 0, 0, "a bool", false },
 	{ "share", CONF_ENUM, offsetof(struct t_settings, mode), 0, "domain", t_modes, 0, 0, "an enum", false },
@@ -113,6 +115,26 @@ int main(void)
 		T_CHECK(strstr(err, "--nope") != NULL);
 		idx = 1;
 		T_CHECK(conf_parse_args(t_keys, &s, 2, argv3, &idx, err, sizeof(err)) == -EINVAL);
+	}
+	/* The whole start-up sequence: a missing default file is fine, the flag wins. */
+	{
+		char *argv[] = { "prog", "--count", "9", NULL };
+		char *argv2[] = { "prog", "--config", path, "--count", "8", NULL };
+		char *argv3[] = { "prog", "--config", "/nonexistent/named.conf", NULL };
+
+		idx = 1;
+		T_CHECK(conf_load_all(t_keys, &s, 3, argv, &idx, err, sizeof(err)) == 0);
+		T_CHECK(s.count == 9 && s.mode == 0 && !s.flag);
+		t_write(path, "physical = on\ncount = 2\n");
+		idx = 1;
+		T_CHECK(conf_load_all(t_keys, &s, 5, argv2, &idx, err, sizeof(err)) == 0);
+		T_CHECK(s.flag && s.count == 8 && idx == 5);
+		idx = 1;
+		T_CHECK(conf_load_all(t_keys, &s, 3, argv3, &idx, err, sizeof(err)) == -ENOENT);
+		T_CHECK(strstr(err, "/nonexistent/named.conf") != NULL);
+		t_write(path, "config = /x\n");
+		idx = 1;
+		T_CHECK(conf_load_all(t_keys, &s, 5, argv2, &idx, err, sizeof(err)) == -EINVAL);
 	}
 	unlink(path);
 	if (failures)
