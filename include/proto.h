@@ -67,9 +67,9 @@
 #define PROTO_NO_STAGING    0xffffffffu
 
 /* Default shape of a client's rings; the pool decides and reports it. */
-#define PROTO_SQ_ENTRIES    4096
-#define PROTO_CQ_ENTRIES    8192
-#define PROTO_STAGING_SLOTS 256
+#define PROTO_SQ_ENTRIES    2048
+#define PROTO_CQ_ENTRIES    4096
+#define PROTO_STAGING_SLOTS 64 
 
 enum proto_msg_type {
 	PROTO_MSG_HELLO       = 1,

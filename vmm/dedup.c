@@ -53,7 +53,6 @@
 #define VMM_BATCH            512         /* pages per hashing unit */
 #define VMM_SWEEP_CHUNK      8192        /* pagemap entries per read */
 #define VMM_SWEEP_BACKOFF_NS 1000000000ull
-#define VMM_SQ_HIGH          2048        /* stop hashing while this many entries wait */
 #define VMM_RECONNECT_NS     1000000000ull
 #define PM_PRESENT           (1ull << 63)
 #define PM_SWAP              (1ull << 62)
@@ -340,7 +339,7 @@ static bool vmm_dedup_work(struct vmm_dedup *dd, uint64_t now)
 	uint64_t pg[VMM_BATCH];
 	unsigned n;
 
-	if (!vmm_pool__up(&dd->pool) || vmm_pool__pending(&dd->pool) > VMM_SQ_HIGH ||
+	if (!vmm_pool__up(&dd->pool) || vmm_pool__pending(&dd->pool) > dd->pool.hdr.sq_entries / 2 ||
 	    now < dd->throttle_until_ns)
 		return false;
 	n = vmm_dedup_take_hints(dd, pg, VMM_BATCH);

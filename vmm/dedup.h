@@ -78,7 +78,6 @@ struct vmm_dedup {
 	uint64_t vma_base;            /* process VMAs when the plane started */
 	uint64_t max_map_count;       /* vm.max_map_count at start */
 	uint64_t vma_recount_ns;      /* last time vma_used was corrected from /proc/self/maps */
-	uint32_t staging_cursor;      /* where the next free staging slot search starts */
 	bool ever_connected;          /* a later connection counts as a reconnect */
 	uint64_t bad_conn;            /* garbage completions on this connection */
 	bool test_no_wp;              /* PVISOR_TEST_NO_WP: unprotect before compare */

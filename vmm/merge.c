@@ -57,7 +57,6 @@ void vmm_merge__connected(struct vmm_dedup *dd)
 {
 	memset(dd->staging_busy, 0, 1u << 16);
 	dd->staging_free = dd->pool.hdr.staging_slots;
-	dd->staging_cursor = 0;
 	dd->bad_conn = 0;
 }
 
@@ -206,16 +205,21 @@ static void vmm_merge_uploads(struct vmm_dedup *dd)
 	while (dd->upq_len && dd->staging_free && vmm_pool__up(&dd->pool)) {
 		uint64_t page = dd->upq[dd->upq_head], h[2];
 		const uint8_t *src = dd->m->ram + page * PROTO_PAGE_SIZE;
-		uint32_t s = dd->staging_cursor;
+		uint32_t s = 0;
 		struct proto_sqe e;
 
 		dd->upq_head = (dd->upq_head + 1) % dd->upq_cap;
 		dd->upq_len--;
 		if (vmm_dedup_state(dd, page) != VMM_PG_HASHED)
 			continue;
-		while (dd->staging_busy[s])
-			s = (s + 1) % slots;
-		dd->staging_cursor = (s + 1) % slots;
+		/*
+		 * Lowest free slot first: the same few staging pages are reused,
+		 * so the ring costs only as much memory as uploads in flight.
+		 */
+		while (s < slots && dd->staging_busy[s])
+			s++;
+		if (s == slots)
+			break;
 		/* the page is protected, so copy and hash see the same bytes */
 		memcpy(vmm_pool__staging(&dd->pool, s), src, PROTO_PAGE_SIZE);
 		util_hash_page(src, h);
