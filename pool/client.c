@@ -94,7 +94,7 @@ static void pool_client_free(struct pool_client *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	pool_htab__fini(&c->pages);
-	pool_htab__fini(&c->refs);
+	pool_refmap__fini(&c->refmap);
 	pool_mem__free(c, sizeof(*c));
 }
 
@@ -293,7 +293,7 @@ static int pool_hello_setup(struct pool *p, struct pool_client *c, const struct 
 	if (c->pidfd < 0)
 		return -errno;
 	c->dom = pool_domain_get(p, m->domain);
-	if (!c->dom || pool_htab__init(&c->pages, 256) || pool_htab__init(&c->refs, 256))
+	if (!c->dom || pool_htab__init(&c->pages, 256) || pool_refmap__init(&c->refmap, m->guest_pages))
 		return -ENOMEM;
 	ret = pool_ring__create(c);
 	if (ret)

@@ -32,8 +32,8 @@
  *   MAP and one reference per MAP. A later OFFER of the hash is answered MAP
  *   at once. A client never trusts MAP blindly either: it compares bytes.
  *
- * References: each client keeps its own table of (page, seg, slot) -> count,
- * so DROP can only take back references that client was given. The entry's
+ * References: each client keeps its own map of page -> slot (refmap.c), so
+ * DROP can only take back references that client was given. The entry's
  * @refs is the sum over clients; at zero the entry leaves the index and the
  * slot goes back to the store's free map to be recycled. A client whose
  * socket closes keeps its references (its mappings are still live) until
@@ -47,11 +47,6 @@ static uint64_t pool_entry_key(const struct pool_domain *d, const uint64_t hash[
 	/* Keyed, so that clients cannot aim all their hashes at one bucket. */
 	return pool_mix64(hash[0] ^ pool_index_seed[0] ^ ((uint64_t)d->id << 40)) ^
 	       pool_mix64(hash[1] ^ pool_index_seed[1]);
-}
-
-static uint64_t pool_ref_key(uint64_t page, uint32_t seg, uint32_t slot)
-{
-	return pool_mix64(page ^ ((uint64_t)seg << 40) ^ pool_mix64(slot));
 }
 
 int pool_index__init(struct pool *p)
@@ -215,28 +210,8 @@ static struct pool_cand *pool_cand_add(struct pool *p, struct pool_client *c, ui
 static int pool_ref_map(struct pool *p, struct pool_client *c, struct pool_entry *e,
 			uint64_t page, uint32_t staging, uint32_t op)
 {
-	uint64_t h = pool_ref_key(page, e->seg, e->slot);
-	struct pool_ref *r = NULL;
-
-	for (struct pool_hnode *n = pool_htab__chain(&c->refs, h); n; n = n->next) {
-		struct pool_ref *x = (struct pool_ref *)n;
-
-		if (n->h == h && x->page == page && x->seg == e->seg && x->slot == e->slot) {
-			r = x;
-			break;
-		}
-	}
-	if (!r) {
-		r = pool_mem__alloc(sizeof(*r));
-		if (!r)
-			return -ENOMEM;
-		r->page = page;
-		r->seg = e->seg;
-		r->slot = e->slot;
-		r->e = e;
-		pool_htab__add(&c->refs, &r->hn, h);
-	}
-	r->count++;
+	if (pool_refmap__add(&c->refmap, page, pool_store__gslot(&p->store, e->seg, e->slot)))
+		return -ENOMEM;
 	if (e->refs++) {
 		p->cnt.pages_sharing++;
 		e->dom->cnt.pages_sharing++;
@@ -246,16 +221,10 @@ static int pool_ref_map(struct pool *p, struct pool_client *c, struct pool_entry
 	return 0;
 }
 
-/* Take one reference of @r back; the last one frees the slot. */
-static void pool_ref_put(struct pool *p, struct pool_client *c, struct pool_ref *r)
+/* @c gave back one reference on @e; the last one frees the slot. */
+static void pool_ref_put(struct pool *p, struct pool_client *c, struct pool_entry *e)
 {
-	struct pool_entry *e = r->e;
-
 	POOL_COUNT(p, c, pages_mapped, -1);
-	if (!--r->count) {
-		pool_htab__del(&c->refs, &r->hn);
-		pool_mem__free(r, sizeof(*r));
-	}
 	if (--e->refs) {
 		p->cnt.pages_sharing--;
 		e->dom->cnt.pages_sharing--;
@@ -385,17 +354,16 @@ void pool_index__upload(struct pool *p, struct pool_client *c, const struct prot
 
 void pool_index__drop(struct pool *p, struct pool_client *c, const struct proto_sqe *q)
 {
-	uint64_t h = pool_ref_key(q->page, q->seg, q->slot);
+	struct pool_seg *seg = pool_store__seg(&p->store, q->seg);
 
-	for (struct pool_hnode *n = pool_htab__chain(&c->refs, h); n; n = n->next) {
-		struct pool_ref *r = (struct pool_ref *)n;
-
-		if (n->h == h && r->page == q->page && r->seg == q->seg && r->slot == q->slot) {
-			pool_ref_put(p, c, r);
-			return;
-		}
+	/* Only a reference this client was given, at the page it was given for. */
+	if (!seg || q->slot >= p->store.seg_pages || !seg->owner[q->slot] ||
+	    pool_refmap__del(&c->refmap, q->page, pool_store__gslot(&p->store, q->seg, q->slot))) {
+		pool_ring__post(c, q->page, PROTO_V_EINVAL, q->seg, q->slot, PROTO_NO_STAGING,
+				q->op);
+		return;
 	}
-	pool_ring__post(c, q->page, PROTO_V_EINVAL, q->seg, q->slot, PROTO_NO_STAGING, q->op);
+	pool_ref_put(p, c, seg->owner[q->slot]);
 }
 
 void pool_index__forget(struct pool *p, struct pool_client *c, uint64_t page)
@@ -440,14 +408,12 @@ struct pool_release_arg {
 	struct pool_client *c;
 };
 
-static void pool_release_ref(struct pool_hnode *n, void *arg)
+static void pool_release_ref(uint64_t page, uint64_t gslot, void *arg)
 {
 	struct pool_release_arg *a = arg;
-	struct pool_ref *r = (struct pool_ref *)n;
+	struct pool_store *st = &a->p->store;
 
-	while (r->count > 1)
-		pool_ref_put(a->p, a->c, r);
-	pool_ref_put(a->p, a->c, r); /* frees r */
+	pool_ref_put(a->p, a->c, st->segs[gslot / st->seg_pages]->owner[gslot % st->seg_pages]);
 }
 
 void pool_index__release(struct pool *p, struct pool_client *c)
@@ -455,7 +421,8 @@ void pool_index__release(struct pool *p, struct pool_client *c)
 	struct pool_release_arg a = { .p = p, .c = c };
 
 	pool_htab__each(&c->pages, pool_release_cand, p);
-	pool_htab__each(&c->refs, pool_release_ref, &a);
+	pool_refmap__each(&c->refmap, pool_release_ref, &a);
+	pool_refmap__fini(&c->refmap);
 }
 
 #define POOL_UPLOAD_TIMEOUT_NS (5ull * 1000000000ull)

@@ -110,6 +110,11 @@ void pool_store__reap(struct pool_store *s);
 /* Could an alloc succeed right now? */
 bool pool_store__has_room(struct pool_store *s);
 struct pool_seg *pool_store__seg(struct pool_store *s, uint32_t seg);
+/* One number for (seg, slot), as the refmap keeps it. */
+static inline uint64_t pool_store__gslot(const struct pool_store *s, uint32_t seg, uint32_t slot)
+{
+	return (uint64_t)seg * s->seg_pages + slot;
+}
 static inline uint8_t *pool_store__page(struct pool_store *s, uint32_t seg, uint32_t slot)
 {
 	return s->segs[seg]->map + (uint64_t)slot * PROTO_PAGE_SIZE;
@@ -171,14 +176,29 @@ struct pool_entry {
 	uint64_t dup_ns;             /* when the duplicate was found (for latency) */
 };
 
-/* struct pool_ref - references a client holds on one slot at one page */
+/* struct pool_ref - a client's extra references at one page on one slot (refmap.c) */
 struct pool_ref {
-	struct pool_hnode hn;     /* in the client's ref table, keyed by (page, seg, slot) */
+	struct pool_hnode hn;     /* in pool_refmap.extra, keyed by (page, gslot) */
 	uint64_t page;
-	uint32_t seg, slot;
+	uint64_t gslot;           /* seg * seg_pages + slot */
 	uint32_t count;           /* MAPs sent minus DROPs */
-	struct pool_entry *e;
 };
+
+/* struct pool_refmap - the references one client holds (refmap.c) */
+struct pool_refmap {
+	uint32_t **chunk;         /* per 1024 guest pages: gslot + 1 per page, 0 = none */
+	uint64_t nchunks;
+	struct pool_htab extra;   /* second and later references at a page */
+};
+
+int pool_refmap__init(struct pool_refmap *r, uint64_t guest_pages);
+void pool_refmap__fini(struct pool_refmap *r);
+int pool_refmap__add(struct pool_refmap *r, uint64_t page, uint64_t gslot);
+/* Take back one reference; -ENOENT if the client holds none there. */
+int pool_refmap__del(struct pool_refmap *r, uint64_t page, uint64_t gslot);
+/* Call @fn once per reference held. */
+void pool_refmap__each(struct pool_refmap *r, void (*fn)(uint64_t page, uint64_t gslot, void *arg),
+		       void *arg);
 
 /* --- clients (client.c, ring.c) -------------------------------------------- */
 
@@ -215,7 +235,7 @@ struct pool_client {
 	uint32_t ovf_head, ovf_n, ovf_cap;
 
 	struct pool_htab pages;    /* page -> struct pool_cand */
-	struct pool_htab refs;     /* (page, seg, slot) -> struct pool_ref */
+	struct pool_refmap refmap; /* references held, by page */
 	struct pool_alloc_hint hint;
 	struct pool_counters cnt;
 	struct pool_client *prev, *next;

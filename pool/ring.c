@@ -170,6 +170,13 @@ void pool_ring__flush(struct pool_client *c)
 		c->ovf_head = (c->ovf_head + 1) % c->ovf_cap;
 		c->ovf_n--;
 	}
+	if (!c->ovf_n && c->ovf_cap > 256) {
+		/* A burst is over: give its backlog's memory back. */
+		free(c->ovf);
+		pool_meta_bytes -= (uint64_t)c->ovf_cap * sizeof(*c->ovf);
+		c->ovf = NULL;
+		c->ovf_cap = c->ovf_head = 0;
+	}
 	if (was_empty)
 		c->kick = true;
 }

@@ -42,7 +42,7 @@
 #define VMM_BAD_MAX      256        /* garbage completions before we hang up */
 #define VMM_RECOUNT_NS   100000000ull
 #define VMM_PIPELINE     1024       /* merge after this many completions */
-#define VMM_CMP_PAGES    64         /* slots read per pread for the compare */
+#define VMM_CMP_PAGES    16         /* slots read per pread for the compare */
 #define PM_PRESENT       (1ull << 63)
 #define PM_FILE          (1ull << 61)
 
