@@ -53,6 +53,7 @@
 #define VMM_BATCH            512         /* pages per hashing unit */
 #define VMM_SWEEP_CHUNK      8192        /* pagemap entries per read */
 #define VMM_SWEEP_BACKOFF_NS 1000000000ull
+#define VMM_SWEEP_PACE_NS    5000000ull  /* between passes while content keeps coming */
 #define VMM_RECONNECT_NS     1000000000ull
 #define PM_PRESENT           (1ull << 63)
 #define PM_SWAP              (1ull << 62)
@@ -314,6 +315,13 @@ static unsigned vmm_dedup_take_new(struct vmm_dedup *dd, uint64_t *pg, unsigned 
 			}
 			dd->sweep_found = false;
 			dd->sweep_backoff_ns = 0;
+			/*
+			 * The last pass found content: the guest is still
+			 * writing, so come back soon, not at once; a pass reads
+			 * pagemap over every NEW page, written or not.
+			 */
+			dd->sweep_at_ns = now + VMM_SWEEP_PACE_NS;
+			return n;
 		}
 		cnt = pages - dd->sweep_pos < VMM_SWEEP_CHUNK ? pages - dd->sweep_pos : VMM_SWEEP_CHUNK;
 		scanned += cnt;
@@ -487,6 +495,8 @@ static int vmm_dedup_timeout(struct vmm_dedup *dd, uint64_t now, bool busy)
 	if (vmm_pool__up(&dd->pool)) {
 		if (dd->sweep_at_ns < wake)
 			wake = dd->sweep_at_ns;
+		if (dd->nmapv && dd->mapv_due_ns < wake)
+			wake = dd->mapv_due_ns;
 		if (now + 100000000ull < wake)
 			wake = now + 100000000ull; /* doorbell safety net */
 	} else if (dd->reconnect_at_ns < wake) {

@@ -73,6 +73,7 @@ struct vmm_dedup {
 	uint32_t upq_head, upq_len, upq_cap;
 	struct vmm_mapv *mapv;        /* MAP verdicts of this round */
 	uint32_t nmapv, mapv_cap;
+	uint64_t mapv_due_ns;         /* merge the batch by then even if it is small */
 	uint64_t vma_budget;          /* VMAs the plane may add */
 	uint64_t vma_used;            /* upper bound of the VMAs it added */
 	uint64_t vma_base;            /* process VMAs when the plane started */

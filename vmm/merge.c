@@ -42,6 +42,8 @@
 #define VMM_BAD_MAX      256        /* garbage completions before we hang up */
 #define VMM_RECOUNT_NS   100000000ull
 #define VMM_PIPELINE     1024       /* merge after this many completions */
+#define VMM_MERGE_MIN    512        /* verdicts that make a batch worth remapping now */
+#define VMM_MERGE_WAIT_NS 10000000ull /* or the oldest verdict has waited this long */
 #define VMM_CMP_PAGES    16         /* slots read per pread for the compare */
 #define PM_PRESENT       (1ull << 63)
 #define PM_FILE          (1ull << 61)
@@ -156,6 +158,8 @@ static void vmm_merge_map_verdict(struct vmm_dedup *dd, const struct proto_cqe *
 		vmm_dedup_send(dd, PROTO_OP_DROP, c->page, NULL, c->seg, c->slot);
 		return;
 	}
+	if (!dd->nmapv)
+		dd->mapv_due_ns = util_now_ns() + VMM_MERGE_WAIT_NS;
 	dd->mapv[dd->nmapv++] = (struct vmm_mapv){ .page = c->page, .seg = c->seg, .slot = c->slot };
 }
 
@@ -501,5 +505,11 @@ void vmm_merge__completions(struct vmm_dedup *dd)
 	if (!vmm_pool__up(&dd->pool))
 		return;
 	vmm_merge_uploads(dd);
-	vmm_merge_batch(dd);
+	/*
+	 * Verdicts trickle in; remapping each handful costs a TLB shootdown of
+	 * every CPU the guest runs on. Wait up to VMM_MERGE_WAIT_NS for a batch
+	 * worth a shootdown (the pages stay protected meanwhile).
+	 */
+	if (dd->nmapv >= VMM_MERGE_MIN || (dd->nmapv && util_now_ns() >= dd->mapv_due_ns))
+		vmm_merge_batch(dd);
 }
