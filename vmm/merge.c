@@ -349,14 +349,15 @@ static void vmm_merge_check_cow(struct vmm_dedup *dd, const struct vmm_mapv *v, 
 static void vmm_merge_remap(struct vmm_dedup *dd, struct vmm_seg *s, const struct vmm_mapv *v,
 			    uint32_t n)
 {
-	uint8_t *addr = dd->m->ram + v[0].page * PROTO_PAGE_SIZE;
 	uint64_t len = (uint64_t)n * PROTO_PAGE_SIZE, now;
 	uint32_t now_us;
+	uint8_t *addr;
 	void *r;
 	int ret;
 
 	if (!n)
-		return;
+		return; /* an empty piece of a split run: v may point past the batch */
+	addr = dd->m->ram + v[0].page * PROTO_PAGE_SIZE;
 	if (!vmm_merge_vma_fits(dd, 2)) {
 		dd->st.vma_skipped += n;
 		vmm_merge_drop(dd, v, n);

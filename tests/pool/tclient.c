@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -84,6 +85,8 @@ void t_pool_start(struct t_pool *p, const char *conf_text, ...)
 	if (p->pid == 0) {
 		int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
+		/* A test that dies must not leave its pool behind. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		dup2(fd, 2);
 		execv(bin, argv);
 		_exit(127);

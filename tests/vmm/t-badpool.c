@@ -163,16 +163,16 @@ int main(void)
 	struct vmm_mem_cfg cfg = { .size = T_PAGES * PROTO_PAGE_SIZE, .dedup = VMM_DEDUP_PHYSICAL,
 				   .domain = "default", .name = "badpool", .cpu_pct = 100 };
 	static uint8_t before[T_PAGES][PROTO_PAGE_SIZE], honest[PROTO_PAGE_SIZE];
-	char path[] = "/tmp/t-badpool-XXXXXX";
+	char dir[] = "/tmp/t-badpool-XXXXXX", path[64];
 	struct t_fake f = { .sock = -1 };
 	struct vmm_mem *m;
 	double end;
 	uint8_t *ram;
 
 	log_init("t-badpool", LOG_WARN);
-	if (!mkdtemp(path))
+	if (!mkdtemp(dir))
 		return T_FAIL;
-	strcat(path, "/pool.sock");
+	snprintf(path, sizeof(path), "%s/pool.sock", dir);
 	if (t_setup(&f, path)) {
 		printf("FAIL: fake pool setup: %s\n", strerror(errno));
 		return T_FAIL;
@@ -248,8 +248,7 @@ int main(void)
 	pthread_join(f.thr, NULL);
 	vmm_mem__destroy(m);
 	unlink(path);
-	*strrchr(path, '/') = '\0';
-	rmdir(path);
+	rmdir(dir);
 	if (!failures)
 		printf("PASS\n");
 	return failures ? T_FAIL : T_PASS;
