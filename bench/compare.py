@@ -248,6 +248,20 @@ def table(results):
         lines.append(f"{r['workload']:14} {r['condition']:9} {r['t_ready_s']:8.2f} {rec_s:>10} {aft:>11} "
                      f"{r['end_charge_mib']:8.1f} {r.get('saved_mib', 0.0):9.1f} {r['group_cpu_s']:11.2f} "
                      f"{r['ksmd_cpu_s']:10.2f} {r.get('dedup_cpu_s', 0.0):11.2f} {r['readback_s']:10.2f}")
+    lines.append("")
+    for wl in dict.fromkeys(r["workload"] for r in results):
+        by = {r["condition"]: r for r in results if r["workload"] == wl and not r["excluded"]}
+        k, p = by.get("ksm"), by.get("physical")
+        if not k or not p:
+            continue
+        kt, pt = k["t_reclaim_s"], p["t_reclaim_s"]
+        if kt is not None and pt is not None:
+            when = f"reclaimed {pt:.2f} s vs {kt:.2f} s ({kt / max(pt, 0.1):.0f}x sooner)"
+        else:
+            when = f"reclaimed {'-' if pt is None else f'{pt:.2f} s'} vs {'-' if kt is None else f'{kt:.2f} s'}"
+        lines.append(f"{wl}: physical against KSM: {when}, end memory {p['end_charge_mib']:.1f} vs "
+                     f"{k['end_charge_mib']:.1f} MiB ({p['end_charge_mib'] - k['end_charge_mib']:+.1f}), "
+                     f"dedup CPU {p.get('dedup_cpu_s', 0):.2f} vs {k.get('dedup_cpu_s', 0):.2f} s")
     return "\n".join(lines)
 
 
