@@ -1,5 +1,6 @@
 /* util.c: clocks, page hashing and fd passing shared by pool and vmm. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -46,6 +47,26 @@ bool util_page_is_zero(const void *page)
 		if (w[i] | w[i + 1] | w[i + 2] | w[i + 3] | w[i + 4] | w[i + 5] | w[i + 6] | w[i + 7])
 			return false;
 	return true;
+}
+
+int util_fifo_grow(void **buf, uint32_t *cap, uint32_t *head, uint32_t len, size_t elem,
+		   uint32_t min_cap)
+{
+	uint32_t ncap = *cap ? *cap * 2 : min_cap;
+	uint8_t *n, *old = *buf;
+
+	if (ncap < min_cap)
+		ncap = min_cap;
+	n = malloc((size_t)ncap * elem);
+	if (!n)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < len; i++)
+		memcpy(n + (size_t)i * elem, old + (size_t)((*head + i) % *cap) * elem, elem);
+	free(old);
+	*buf = n;
+	*cap = ncap;
+	*head = 0;
+	return 0;
 }
 
 ssize_t util_send_fds(int sock, const void *buf, size_t len, const int *fds, int nfds)

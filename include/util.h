@@ -21,6 +21,14 @@ void util_hash(const void *buf, size_t len, uint64_t out[2]);
 bool util_page_is_zero(const void *page);
 
 /*
+ * Grow a ring-buffer FIFO of @elem-byte items (@len of them, starting at
+ * *head in *cap slots): double *cap, at least to @min_cap, and move the items
+ * to the front. Returns 0 or -ENOMEM, which leaves the old buffer as it was.
+ */
+int util_fifo_grow(void **buf, uint32_t *cap, uint32_t *head, uint32_t len, size_t elem,
+		   uint32_t min_cap);
+
+/*
  * SOCK_SEQPACKET message with up to @nfds fds (SCM_RIGHTS). send returns
  * bytes sent or -errno; recv returns bytes received (0 on EOF) or -errno and
  * stores received fds in fds[], setting *nfds; extra fds are closed.

@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "pool.h"
+#include "util.h"
 
 /*
  * The ring memfd is shared with the client, which may write any byte of it
@@ -134,21 +135,14 @@ static void pool_ring_put(struct pool_client *c, const struct proto_cqe *v, uint
 static int pool_ring_ovf_push(struct pool_client *c, const struct proto_cqe *v)
 {
 	if (c->ovf_n == c->ovf_cap) {
-		uint32_t ncap = c->ovf_cap ? c->ovf_cap * 2 : 256;
-		struct proto_cqe *n;
+		uint32_t old = c->ovf_cap;
 
-		if (ncap > POOL_OVF_MAX)
+		if ((old ? old * 2 : 256) > POOL_OVF_MAX)
 			return -ENOSPC;
-		n = malloc(sizeof(*n) * ncap);
-		if (!n)
+		if (util_fifo_grow((void **)&c->ovf, &c->ovf_cap, &c->ovf_head, c->ovf_n,
+				   sizeof(*c->ovf), 256))
 			return -ENOMEM;
-		for (uint32_t i = 0; i < c->ovf_n; i++)
-			n[i] = c->ovf[(c->ovf_head + i) % c->ovf_cap];
-		free(c->ovf);
-		pool_meta_bytes += (uint64_t)(ncap - c->ovf_cap) * sizeof(*n);
-		c->ovf = n;
-		c->ovf_cap = ncap;
-		c->ovf_head = 0;
+		pool_meta_bytes += (uint64_t)(c->ovf_cap - old) * sizeof(*c->ovf);
 	}
 	c->ovf[(c->ovf_head + c->ovf_n) % c->ovf_cap] = *v;
 	c->ovf_n++;

@@ -123,19 +123,10 @@ static int vmm_merge_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
 
 static void vmm_merge_upq_push(struct vmm_dedup *dd, uint64_t page)
 {
-	if (dd->upq_len == dd->upq_cap) {
-		uint32_t cap = dd->upq_cap ? dd->upq_cap * 2 : 1024;
-		uint32_t *n = malloc(sizeof(*n) * cap);
-
-		if (!n)
-			return; /* the page stays HASHED, merely unshared */
-		for (uint32_t i = 0; i < dd->upq_len; i++)
-			n[i] = dd->upq[(dd->upq_head + i) % dd->upq_cap];
-		free(dd->upq);
-		dd->upq = n;
-		dd->upq_cap = cap;
-		dd->upq_head = 0;
-	}
+	if (dd->upq_len == dd->upq_cap &&
+	    util_fifo_grow((void **)&dd->upq, &dd->upq_cap, &dd->upq_head, dd->upq_len,
+			   sizeof(*dd->upq), 1024))
+		return; /* the page stays HASHED, merely unshared */
 	dd->upq[(dd->upq_head + dd->upq_len) % dd->upq_cap] = (uint32_t)page;
 	dd->upq_len++;
 }

@@ -195,19 +195,9 @@ int vmm_pool__push(struct vmm_pool *p, const struct proto_sqe *e)
 {
 	if (!p->bl_len && vmm_pool_ring_put(p, e))
 		return 0;
-	if (p->bl_len == p->bl_cap) {
-		uint32_t cap = p->bl_cap ? p->bl_cap * 2 : 1024;
-		struct proto_sqe *n = malloc(sizeof(*n) * cap);
-
-		if (!n)
-			return -ENOMEM;
-		for (uint32_t i = 0; i < p->bl_len; i++)
-			n[i] = p->bl[(p->bl_head + i) % p->bl_cap];
-		free(p->bl);
-		p->bl = n;
-		p->bl_cap = cap;
-		p->bl_head = 0;
-	}
+	if (p->bl_len == p->bl_cap &&
+	    util_fifo_grow((void **)&p->bl, &p->bl_cap, &p->bl_head, p->bl_len, sizeof(*p->bl), 1024))
+		return -ENOMEM;
 	p->bl[(p->bl_head + p->bl_len) % p->bl_cap] = *e;
 	p->bl_len++;
 	return 0;
