@@ -89,6 +89,13 @@ struct proto_hdr {
 	uint32_t flags;   /* per type; PROTO_STAT_* for stats */
 };
 
+/* Fill the header of a control message of @len bytes (the one way both sides build it). */
+static inline void proto_hdr_init(struct proto_hdr *h, uint16_t type, uint32_t len, uint32_t flags)
+{
+	*h = (struct proto_hdr){ .magic = PROTO_MAGIC, .version = PROTO_VERSION, .type = type,
+				 .len = len, .flags = flags };
+}
+
 /* struct proto_hello - a VMM introduces itself */
 struct proto_hello {
 	struct proto_hdr hdr;

@@ -204,11 +204,7 @@ static int pool_send(struct pool_client *c, void *msg, uint32_t len, uint16_t ty
 	struct proto_hdr *h = msg;
 	ssize_t n;
 
-	h->magic = PROTO_MAGIC;
-	h->version = PROTO_VERSION;
-	h->type = type;
-	h->len = len;
-	h->flags = flags;
+	proto_hdr_init(h, type, len, flags);
 	n = util_send_fds(c->sock, msg, len, fds, nfds);
 	if (n < 0)
 		return (int)n;

@@ -143,13 +143,13 @@ char *pool_stat__json(struct pool *p, bool audit)
 static int pool_stat_fetch(const char *path, bool audit, char **out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct proto_stat_req req = { .hdr = { .magic = PROTO_MAGIC, .version = PROTO_VERSION,
-		.type = PROTO_MSG_STAT_REQ, .len = sizeof(req),
-		.flags = PROTO_STAT_JSON | (audit ? PROTO_STAT_AUDIT : 0) } };
+	struct proto_stat_req req;
 	char *buf = malloc(PROTO_MSG_MAX), *text = NULL;
 	size_t used = 0;
 	int fd, ret;
 
+	proto_hdr_init(&req.hdr, PROTO_MSG_STAT_REQ, sizeof(req),
+		       PROTO_STAT_JSON | (audit ? PROTO_STAT_AUDIT : 0));
 	if (!buf)
 		return -ENOMEM;
 	if (strlen(path) >= sizeof(sa.sun_path)) {

@@ -39,15 +39,6 @@ void vmm_pool__close(struct vmm_pool *p)
 	vmm_pool__init(p);
 }
 
-static void vmm_pool_hdr(struct proto_hdr *h, uint16_t type, uint32_t len)
-{
-	h->magic = PROTO_MAGIC;
-	h->version = PROTO_VERSION;
-	h->type = type;
-	h->len = len;
-	h->flags = 0;
-}
-
 /* Wait for one reply of @type; fds ride along. Bytes received or -errno. */
 static ssize_t vmm_pool_recv(struct vmm_pool *p, uint16_t type, void *buf, size_t len,
 			     int *fds, int *nfds)
@@ -127,7 +118,7 @@ static int vmm_pool_hello(struct vmm_pool *p, const char *domain, const char *na
 	int fds[3], nfds = 3, ret;
 	ssize_t n;
 
-	vmm_pool_hdr(&h.hdr, PROTO_MSG_HELLO, sizeof(h));
+	proto_hdr_init(&h.hdr, PROTO_MSG_HELLO, sizeof(h), 0);
 	snprintf(h.domain, sizeof(h.domain), "%s", domain);
 	snprintf(h.name, sizeof(h.name), "%s", name);
 	n = util_send_fds(p->sock, &h, sizeof(h), NULL, 0);
@@ -263,7 +254,7 @@ int vmm_pool__seg(struct vmm_pool *p, uint32_t seg, int *fd, uint64_t *pages)
 	struct stat st;
 	ssize_t n;
 
-	vmm_pool_hdr(&q.hdr, PROTO_MSG_SEG_REQ, sizeof(q));
+	proto_hdr_init(&q.hdr, PROTO_MSG_SEG_REQ, sizeof(q), 0);
 	n = util_send_fds(p->sock, &q, sizeof(q), NULL, 0);
 	if (n < 0)
 		return (int)n;

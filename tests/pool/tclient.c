@@ -157,15 +157,6 @@ static int t_sock_connect(const char *path)
 	return fd;
 }
 
-static void t_hdr(struct proto_hdr *h, uint16_t type, uint32_t len)
-{
-	h->magic = PROTO_MAGIC;
-	h->version = PROTO_VERSION;
-	h->type = type;
-	h->len = len;
-	h->flags = 0;
-}
-
 int t_hello(struct t_client *c, const char *sock, const char *domain, const char *name,
 	    uint64_t guest_pages, char *msg, size_t msglen)
 {
@@ -179,7 +170,7 @@ int t_hello(struct t_client *c, const char *sock, const char *domain, const char
 		c->segfd[i] = -1;
 	c->submit_efd = c->complete_efd = -1;
 	c->sock = t_sock_connect(sock);
-	t_hdr(&m.hdr, PROTO_MSG_HELLO, sizeof(m));
+	proto_hdr_init(&m.hdr, PROTO_MSG_HELLO, sizeof(m), 0);
 	snprintf(m.domain, sizeof(m.domain), "%s", domain);
 	snprintf(m.name, sizeof(m.name), "%s", name);
 	if (send(c->sock, &m, sizeof(m), 0) != sizeof(m))
@@ -326,7 +317,7 @@ int t_seg_fd(struct t_client *c, uint32_t seg)
 
 	if (seg < 64 && c->segfd[seg] >= 0)
 		return c->segfd[seg];
-	t_hdr(&m.hdr, PROTO_MSG_SEG_REQ, sizeof(m));
+	proto_hdr_init(&m.hdr, PROTO_MSG_SEG_REQ, sizeof(m), 0);
 	if (send(c->sock, &m, sizeof(m), 0) != sizeof(m))
 		t_fail("send SEG_REQ: %s", strerror(errno));
 	if (util_recv_fds(c->sock, &r, sizeof(r), &fd, &nfds) != sizeof(r) ||
@@ -360,8 +351,8 @@ struct json_object *t_stat(const char *sock, bool audit)
 	struct json_object *o;
 	int fd = t_sock_connect(sock);
 
-	t_hdr(&m.hdr, PROTO_MSG_STAT_REQ, sizeof(m));
-	m.hdr.flags = PROTO_STAT_JSON | (audit ? PROTO_STAT_AUDIT : 0);
+	proto_hdr_init(&m.hdr, PROTO_MSG_STAT_REQ, sizeof(m),
+		       PROTO_STAT_JSON | (audit ? PROTO_STAT_AUDIT : 0));
 	if (send(fd, &m, sizeof(m), 0) != sizeof(m))
 		t_fail("send STAT_REQ");
 	for (;;) {

@@ -47,12 +47,6 @@ struct t_fake {
 	pthread_t thr;
 };
 
-static void t_hdr(struct proto_hdr *h, uint16_t type, uint32_t len)
-{
-	*h = (struct proto_hdr){ .magic = PROTO_MAGIC, .version = PROTO_VERSION, .type = type,
-				 .len = len };
-}
-
 static int t_fake_hello(struct t_fake *f)
 {
 	struct proto_hello h;
@@ -79,7 +73,7 @@ static int t_fake_hello(struct t_fake *f)
 	f->cqes = (struct proto_cqe *)(f->cq_idx + 1);
 	f->sq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	f->cq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	t_hdr(&r.hdr, PROTO_MSG_HELLO_REPLY, sizeof(r));
+	proto_hdr_init(&r.hdr, PROTO_MSG_HELLO_REPLY, sizeof(r), 0);
 	r.client_id = 1;
 	r.ring_size = size;
 	fds[0] = f->ring_fd;
@@ -113,7 +107,7 @@ static void *t_fake_main(void *arg)
 		}
 		if (n != (ssize_t)sizeof(q) || q.hdr.type != PROTO_MSG_SEG_REQ)
 			continue;
-		t_hdr(&r.hdr, PROTO_MSG_SEG_REPLY, sizeof(r));
+		proto_hdr_init(&r.hdr, PROTO_MSG_SEG_REPLY, sizeof(r), 0);
 		r.seg = q.seg;
 		r.status = q.seg == 0 ? 0 : -ENOENT;
 		util_send_fds(f->sock, &r, sizeof(r), &f->seg_fd, q.seg == 0 ? 1 : 0);
