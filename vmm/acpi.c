@@ -1,0 +1,1 @@
+/* acpi.c: ACPI tables for a KVM guest: RSDP, XSDT, FADT (hardware-reduced), MADT, DSDT. */

@@ -1,0 +1,1 @@
+/* blk.c: virtio-blk backed by a host file, reads and writes through io_uring. */
