@@ -130,6 +130,7 @@ struct vmm_mem {
 	bool started;                 /* vmm_mem__start done */
 	pthread_mutex_t stats_lock;   /* protects pub */
 	struct vmm_mem_stats pub;     /* snapshot published by the dedup thread */
+	uint64_t pages_hinted;        /* atomic; any mode: the dedup thread never sees off/ksm */
 };
 
 /* Set up the client (uffd, page table); the thread starts in vmm_dedup__start. */

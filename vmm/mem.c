@@ -181,13 +181,15 @@ void vmm_mem__hint(struct vmm_mem *m, gpa_t gpa, uint64_t len)
 {
 	uint64_t first, last;
 
-	if (!m->dd || !len || gpa.v >= m->size)
+	if (!len || gpa.v >= m->size)
 		return;
 	if (len > m->size - gpa.v)
 		len = m->size - gpa.v;
 	first = gpa.v / PROTO_PAGE_SIZE;
 	last = (gpa.v + len - 1) / PROTO_PAGE_SIZE;
-	vmm_dedup__hint(m->dd, first, last - first + 1);
+	__atomic_add_fetch(&m->pages_hinted, last - first + 1, __ATOMIC_RELAXED);
+	if (m->dd)
+		vmm_dedup__hint(m->dd, first, last - first + 1);
 }
 
 /* KSM keeps its own per-process count of merged pages. */
@@ -216,6 +218,7 @@ void vmm_mem__stats(struct vmm_mem *m, struct vmm_mem_stats *out)
 	*out = m->pub;
 	pthread_mutex_unlock(&m->stats_lock);
 	out->pages = m->pages;
+	out->pages_hinted = __atomic_load_n(&m->pages_hinted, __ATOMIC_RELAXED);
 	if (m->mode == VMM_DEDUP_KSM && m->started)
 		vmm_mem_ksm_stats(out);
 }
@@ -245,4 +248,5 @@ void vmm_mem__stats_json(struct vmm_mem *m, struct json_object *obj)
 	VMM_JSON_U64(obj, st, dedup_cpu_ns);
 	json_object_object_add(obj, "pool_connected", json_object_new_boolean(st.pool_connected));
 	VMM_JSON_U64(obj, st, pool_reconnects);
+	VMM_JSON_U64(obj, st, pages_hinted);
 }

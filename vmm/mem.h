@@ -52,6 +52,7 @@ struct vmm_mem_stats {
 	uint64_t hash_ns;          /* wall time spent hashing (pages_hashed / hash_ns = rate) */
 	uint64_t first_hash_ns;    /* CLOCK_MONOTONIC of the first hash, 0 if none */
 	uint64_t last_merge_ns;    /* CLOCK_MONOTONIC of the latest remap, 0 if none */
+	uint64_t pages_hinted;     /* pages reported filled by device reads (vmm_mem__hint) */
 };
 
 /* Map guest RAM and set up the plane; the dedup thread is not started yet. */
