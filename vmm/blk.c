@@ -458,10 +458,14 @@ static int vmm_blk_open(struct vmm_blk *b, const char *path, bool ro)
 static void vmm_blk_describe(struct vmm_blk *b, const char *path)
 {
 	const char *base = strrchr(path, '/');
+	size_t n;
 
 	base = base ? base + 1 : path;
+	if (!*base)
+		base = "pvisor-blk";
 	/* NUL-padded, not necessarily NUL-terminated: exactly the spec's 20 bytes */
-	strncpy(b->id, *base ? base : "pvisor-blk", sizeof(b->id));
+	n = strlen(base) < sizeof(b->id) ? strlen(base) : sizeof(b->id);
+	memcpy(b->id, base, n);
 	b->config.capacity = b->capacity;
 	b->config.seg_max = VMM_BLK_SEG_MAX;
 	b->config.blk_size = VMM_BLK_SECTOR;
