@@ -94,7 +94,8 @@ static void vmm_blk_notify(void *opaque, unsigned q)
 	uint64_t one = 1;
 
 	(void)q;
-	if (write(b->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+	/* never blocks: the device thread drains the counter long before 2^64 - 2 */
+	if (write(b->efd, &one, sizeof(one)) < 0)
 		log_warn("blk: doorbell: %s", strerror(errno));
 }
 
@@ -534,7 +535,9 @@ int vmm_blk__create(struct vmm_blk **out, const struct vmm_blk_cfg *cfg)
 	err = -pthread_cond_init(&b->idle, NULL);
 	if (err)
 		goto err_transport;
-	b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	/* blocking: io_uring may answer a read of an O_NONBLOCK fd with -EAGAIN instead of
+	 * waiting (older kernels), which would spin the device thread */
+	b->efd = eventfd(0, EFD_CLOEXEC);
 	if (b->efd < 0) {
 		err = -errno;
 		goto err_cond;

@@ -207,12 +207,14 @@ static void t_kick(struct t_drv *d, const uint16_t *heads, unsigned n)
 /* Wait until the used index reaches `want` consumed elements. */
 static int t_wait_used(struct t_drv *d, uint16_t want)
 {
-	volatile uint16_t *used_idx = (uint16_t *)(d->ram + T_USED + 2);
+	uint16_t *used_idx = (uint16_t *)(d->ram + T_USED + 2);
 	double end = t_now() + 10;
 
-	while (*used_idx != want && t_now() < end)
+	/* acquire: the used elements and status bytes were written before the index */
+	while (__atomic_load_n(used_idx, __ATOMIC_ACQUIRE) != want && t_now() < end)
 		usleep(200);
-	T_CHECK(*used_idx == want, "used idx %u, expected %u", *used_idx, want);
+	T_CHECK(__atomic_load_n(used_idx, __ATOMIC_ACQUIRE) == want, "used idx %u, expected %u",
+		__atomic_load_n(used_idx, __ATOMIC_ACQUIRE), want);
 	return T_PASS;
 }
 
@@ -622,7 +624,8 @@ static int t_broken_rings(struct t_drv *d)
 		T_RUN(t_wait_needs_reset(d));
 		T_RUN(t_ack(d, VIRTIO_MMIO_INT_CONFIG));
 		usleep(10000);
-		T_CHECK(*(volatile uint16_t *)(d->ram + T_USED + 2) == 0, "%s: a used element appeared",
+		T_CHECK(__atomic_load_n((uint16_t *)(d->ram + T_USED + 2), __ATOMIC_ACQUIRE) == 0,
+			"%s: a used element appeared",
 			t_broken_name[how]);
 		T_RUN(t_ram_unchanged(d, t_broken_name[how]));
 		printf("ok: %s -> NEEDS_RESET\n", t_broken_name[how]);
@@ -700,6 +703,55 @@ static int t_read_only(struct t_drv *d)
 	return T_PASS;
 }
 
+/* Reset with reads in flight: once the Status = 0 write returns, the device writes nothing. */
+static int t_reset_inflight(struct t_drv *d, unsigned delay_us)
+{
+	uint8_t *snap = malloc(T_RAM);
+	uint16_t heads[64];
+	struct t_req r[64];
+	uint64_t hints = 0;
+	uint32_t l = 64 << 10;
+	int same;
+
+	T_CHECK(snap, "malloc");
+	T_RUN(t_init(d, false));
+	for (unsigned i = 0; i < 64; i++) {
+		uint64_t g = T_DATA + 0x700000 + (64ull << 10) * i;
+
+		t_read(d, &r[i], t_rand() % (T_DISK / 512 - 128), &g, &l, 1, &hints);
+		heads[i] = r[i].head;
+	}
+	t_kick(d, heads, 64);
+	usleep(delay_us);  /* 0: reset before the device pops; else: while reads run */
+	t_w32(d, VIRTIO_MMIO_STATUS, 0);
+	memcpy(snap, d->ram, T_RAM);
+	usleep(50000);
+	same = !memcmp(snap, d->ram, T_RAM);
+	free(snap);
+	T_CHECK(same, "the device wrote guest RAM after the reset returned");
+	T_CHECK(t_r32(d, VIRTIO_MMIO_STATUS) == 0, "status not 0 after reset");
+	T_CHECK(__atomic_load_n(&d->irq_level, __ATOMIC_SEQ_CST) == 0, "line still up after reset");
+	memcpy(d->shadow, d->ram, T_RAM);  /* what the reads did before the reset is allowed */
+	printf("ok: reset %u us after 64 reads were queued, %u completed before it\n",
+	       delay_us, (unsigned)__atomic_load_n((uint16_t *)(d->ram + T_USED + 2), __ATOMIC_ACQUIRE));
+	T_RUN(t_init(d, false));
+	return t_many_reads(d);
+}
+
+/* An idle device must sleep: the process uses (almost) no CPU for 200 ms. */
+static int t_idle_cpu(void)
+{
+	struct timespec a, b;
+	double used;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+	usleep(200000);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+	used = (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9;
+	T_CHECK(used < 0.05, "idle device used %.3f s of CPU in 0.2 s", used);
+	return T_PASS;
+}
+
 static int t_open(struct t_drv *d, bool ro)
 {
 	struct vmm_blk_cfg cfg = { .path = t_path, .read_only = ro, .mem = d->mem, .gsi = 9,
@@ -736,6 +788,7 @@ static int t_all(struct t_drv *d)
 	if (ret != T_PASS)
 		return ret;
 	T_RUN(t_init(d, false));
+	T_RUN(t_idle_cpu());
 	T_RUN(t_reads(d));
 	T_RUN(t_many_reads(d));
 	T_RUN(t_write_read(d));
@@ -743,6 +796,9 @@ static int t_all(struct t_drv *d)
 	T_RUN(t_ioerr(d));
 	T_RUN(t_broken_rings(d));
 	T_RUN(t_bad_setup(d));
+	T_RUN(t_reset_inflight(d, 0));
+	T_RUN(t_reset_inflight(d, 100));
+	T_RUN(t_reset_inflight(d, 400));
 	vmm_blk__destroy(d->blk);
 	T_RUN(t_open(d, true));
 	T_RUN(t_read_only(d));
