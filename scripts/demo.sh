@@ -10,6 +10,7 @@ scripts/setup.sh >/dev/null
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (memory cgroups, KSM knobs)" >&2; exit 1; }
 window=${DEMO_WINDOW:-40}
 echo "demo: 4 VMs x 64 MiB shared-random, each mode sampled for $window s after the VMs are ready"
-bench/compare.py --vms 4 --data 64 --mem 256 --window "$window" --workloads shared-random \
-	--conditions off,ksm,physical --out "${DEMO_OUT:-out/demo}"
-echo "demo: numbers and time series in ${DEMO_OUT:-out/demo}/ (summary.json, one CSV per mode)"
+bench/pvisor-bench --build build --vms 4 --data 64 --mem 256 --window "$window" \
+	--workloads shared-random --conditions off,ksm,physical --out "${DEMO_OUT:-out/demo}"
+echo "demo: numbers, time series and plots in ${DEMO_OUT:-out/demo}/ (summary.json, one CSV per mode,"
+echo "      shared-random-memory.png, shared-random-pss.png, bars.png)"
