@@ -145,6 +145,9 @@ static struct json_object *api_call(struct vmm_api *a, struct vmm_synth_cmd *c)
 {
 	int ret;
 
+	if (!a->cfg.synth)
+		return api_error("fill, verify, digest and poke need --guest synthetic "
+				 "(a KVM guest's RAM belongs to its own software)");
 	if (!vmm_synth__ready(a->cfg.synth))
 		return api_error("guest not ready yet (start-up fill still running)");
 	ret = vmm_synth__call(a->cfg.synth, c);
@@ -222,9 +225,10 @@ static struct json_object *api_poke(struct vmm_api *a, struct api_req *rq)
 static struct json_object *api_stats(struct vmm_api *a, struct api_req *rq)
 {
 	struct json_object *r = api_ok();
+	bool ready = !a->cfg.synth || vmm_synth__ready(a->cfg.synth); /* a KVM guest: always */
 
 	vmm_mem__stats_json(a->cfg.mem, r);
-	json_object_object_add(r, "ready", json_object_new_boolean(vmm_synth__ready(a->cfg.synth)));
+	json_object_object_add(r, "ready", json_object_new_boolean(ready));
 	json_object_object_add(r, "instance", json_object_new_uint64(a->cfg.instance));
 	json_object_object_add(r, "workload", json_object_new_string(a->cfg.workload));
 	json_object_object_add(r, "data_pages", json_object_new_uint64(a->cfg.data_pages));

@@ -17,7 +17,7 @@ struct vmm_api;
 struct vmm_api_cfg {
 	const char *path;        /* Unix socket path to listen on */
 	struct vmm_mem *mem;     /* guest RAM, for stats and range checks */
-	struct vmm_synth *synth; /* runs the guest-memory commands */
+	struct vmm_synth *synth; /* runs the guest-memory commands; NULL for a KVM guest */
 	const char *name;        /* VM name, reported by stats */
 	const char *workload;    /* start-up workload name, reported by stats */
 	uint64_t instance;       /* reported by stats */

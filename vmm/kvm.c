@@ -412,6 +412,8 @@ static int kvm_vcpu_cpuid(struct vmm_kvm *k, struct vmm_vcpu *v)
 		if (e->function == 1) {
 			/* initial APIC id in EBX[31:24], logical processors in EBX[23:16] */
 			e->ebx = (e->ebx & 0xffffu) | (v->id << 24) | ((k->nvcpus & 0xffu) << 16);
+			/* "running under a hypervisor": Linux then finds KVM's leaves (kvm-clock) */
+			e->ecx |= 1u << 31;
 		} else if (e->function == 0xb || e->function == 0x1f) {
 			kvm_cpuid_topology(e, v->id, k->nvcpus);
 		}

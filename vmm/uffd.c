@@ -23,9 +23,13 @@ int vmm_uffd__open(int *out, uint64_t *features)
 	uint64_t want = UFFD_FEATURE_WP_UNPOPULATED | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
 	int fd, ret;
 
-	fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
-	if (fd < 0)
-		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	/*
+	 * Not UFFD_USER_MODE_ONLY: KVM writes guest RAM from the kernel (get_user_pages
+	 * on a vCPU's write, io_uring copying a disk read into a guest buffer), and
+	 * those faults on write-protected pages must reach this uffd too, not fail
+	 * with EFAULT. That needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1.
+	 */
+	fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0) {
 		ret = -errno;
 		log_err("uffd: userfaultfd: %s", strerror(errno));
