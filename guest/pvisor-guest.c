@@ -242,6 +242,23 @@ static void pvg_cmd_digest(struct pvg_agent *a)
 	pvg_line_end(&l);
 }
 
+/* `poke PAGE`: flip the first byte of one data page, so that tests can see `verify` fail. */
+static void pvg_cmd_poke(struct pvg_agent *a, const char *arg)
+{
+	struct pvg_line l;
+	uint64_t page;
+
+	if (!arg || pvg_parse_u64(arg, &page) || page >= a->data.pages) {
+		pvg_reply_error("poke", "usage: poke PAGE (a data page: 0 to pages-1)");
+		return;
+	}
+	a->data.base[page * 4096] ^= 0xff;
+	pvg_line_begin(&l, "poke");
+	pvg_line_bool(&l, "ok", true);
+	pvg_line_u64(&l, "page", page);
+	pvg_line_end(&l);
+}
+
 static void pvg_cmd_sleep(const char *arg)
 {
 	struct timespec ts = { 0 };
@@ -287,6 +304,8 @@ static bool pvg_dispatch(struct pvg_agent *a, char *line)
 			pvg_reply_error("load", "usage: load PATH (one absolute path, no spaces)");
 		else
 			pvg_do_load(a, "load", arg);
+	} else if (!strcmp(cmd, "poke")) {
+		pvg_cmd_poke(a, arg);
 	} else if (!strcmp(cmd, "sleep")) {
 		pvg_cmd_sleep(arg);
 	} else if (!strcmp(cmd, "quit")) {
@@ -297,7 +316,7 @@ static bool pvg_dispatch(struct pvg_agent *a, char *line)
 	} else {
 		pvg_report_error("command", cmd,
 				 "unknown command; known: verify, write SEED, digest, load PATH, "
-				 "sleep S, quit");
+				 "poke PAGE, sleep S, quit");
 	}
 	return false;
 }
@@ -477,7 +496,7 @@ static void pvg_usage(FILE *f)
 		"  pvg.load=PATH      read a whole file or device (e.g. /dev/vda) at start\n"
 		"  pvg.hold=SECONDS   serve console commands this long after \"ready\" [0]\n"
 		"  pvg.exit=poweroff|reboot|none   what /init does afterwards [poweroff]\n"
-		"Console commands: verify, write SEED, digest, load PATH, sleep S, quit\n"
+		"Console commands: verify, write SEED, digest, load PATH, poke PAGE, sleep S, quit\n"
 		"\n"
 		"Options:\n"
 		"  --cmdline STRING   parse STRING instead of /proc/cmdline (also: $PVG_CMDLINE)\n"
