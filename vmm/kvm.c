@@ -281,7 +281,7 @@ static void kvm_exit_mmio(struct vmm_kvm *k, struct kvm_run *run)
 	kvm_unknown(&k->unknown_mmio, "MMIO", run->mmio.phys_addr, len, run->mmio.is_write);
 }
 
-/* The guest reset itself through a triple fault: say where it was. */
+/* The guest reset itself through a triple fault: say where it was, if KVM still knows. */
 static void kvm_exit_shutdown(struct vmm_vcpu *v)
 {
 	struct kvm_regs regs = { 0 };
@@ -289,10 +289,16 @@ static void kvm_exit_shutdown(struct vmm_vcpu *v)
 
 	ioctl(v->fd, KVM_GET_REGS, &regs);
 	ioctl(v->fd, KVM_GET_SREGS, &sregs);
-	log_err("guest crashed: vCPU %u triple fault (KVM_EXIT_SHUTDOWN) at rip 0x%llx, "
-		"rsp 0x%llx, cr0 0x%llx, cr3 0x%llx, cr4 0x%llx, efer 0x%llx; an exception "
-		"the guest could not handle (too early for its handlers, or a broken kernel image)",
-		v->id, regs.rip, regs.rsp, sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
+	/* AMD's KVM resets the vCPU before it reports the shutdown: the state is lost. */
+	if (regs.rip == 0xfff0 && sregs.cs.base == 0xffff0000ull)
+		log_err("guest crashed: vCPU %u triple fault (KVM_EXIT_SHUTDOWN); registers at the "
+			"fault are lost (KVM reset the vCPU, as on AMD); an exception the guest could "
+			"not handle: too early for its handlers, or a broken kernel image", v->id);
+	else
+		log_err("guest crashed: vCPU %u triple fault (KVM_EXIT_SHUTDOWN) at rip 0x%llx, "
+			"rsp 0x%llx, cr0 0x%llx, cr3 0x%llx, cr4 0x%llx, efer 0x%llx; an exception "
+			"the guest could not handle: too early for its handlers, or a broken kernel "
+			"image", v->id, regs.rip, regs.rsp, sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
 }
 
 static void kvm_exit_system_event(struct vmm_vcpu *v)
@@ -652,6 +658,7 @@ int vmm_kvm__start(struct vmm_kvm *k, const struct vmm_boot_entry *entry)
 		return ret;
 	}
 	k->started = true;
+	log_debug("kvm: starting %u vCPU(s), entry 0x%llx", k->nvcpus, regs.rip);
 	/* Threads start with the kick signal blocked; each unblocks it itself. */
 	sigemptyset(&kick);
 	sigaddset(&kick, VMM_KVM_KICK_SIG);
