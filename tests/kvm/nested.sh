@@ -65,7 +65,7 @@ copy_bin() {
 root=$work/root.$$
 rm -rf "$root"
 mkdir -p "$root"/{bin,mods,opt/pvisor/bin,images,tests,proc,sys,dev,tmp,run,etc}
-trap 'rm -rf "$root"' EXIT
+trap 'rm -rf "$root" "$work/outer-initrd.$$.cpio"' EXIT
 cp "$(command -v busybox)" "$root/bin/busybox"
 file -L "$root/bin/busybox" 2>/dev/null | grep -q 'statically' ||
 	{ echo "nested.sh: busybox is not the static one (apt-get install busybox-static)" >&2; exit 1; }
@@ -111,7 +111,7 @@ echo "@@NESTED-RC=$?"
 poweroff -f
 EOF
 chmod +x "$root/init"
-(cd "$root" && find . | cpio -o -H newc --quiet) >"$work/outer-initrd.cpio" ||
+(cd "$root" && find . | cpio -o -H newc --quiet) >"$work/outer-initrd.$$.cpio" ||
 	{ echo "nested.sh: cpio failed" >&2; exit 1; }
 
 append="console=ttyS0 loglevel=3 panic=-1 rdinit=/init pvt.script=$script"
@@ -119,10 +119,10 @@ for a in "$@"; do append="$append pvt.arg=$a"; done
 log=$work/${script%.sh}.log
 timeout "$tmo" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
 	-nographic -no-reboot -nodefaults -serial stdio -monitor none \
-	-kernel "$kdir/vmlinuz" -initrd "$work/outer-initrd.cpio" -append "$append" </dev/null |
+	-kernel "$kdir/vmlinuz" -initrd "$work/outer-initrd.$$.cpio" -append "$append" </dev/null |
 	tr -d '\r' | tee "$log"
 qrc=${PIPESTATUS[0]}
-rm -f "$work/outer-initrd.cpio"
+rm -f "$work/outer-initrd.$$.cpio"
 [ "$qrc" = 124 ] && { echo "nested.sh: timed out after $tmo s"; exit 124; }
 rc=$(sed -n 's/^@@NESTED-RC=\([0-9]*\).*/\1/p' "$log" | tail -1)
 [ -n "$rc" ] || { echo "nested.sh: the outer guest ended without a status (QEMU exit $qrc)"; exit 1; }
