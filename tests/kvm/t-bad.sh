@@ -35,7 +35,7 @@ cat /tmp/tf.err
 check "triple fault: non-zero exit (got $rc)" [ "$rc" != 0 ] && [ "$rc" != 137 ]
 check "triple fault: the error says so" grep -qi "triple" /tmp/tf.err
 sleep 0.2
-pgrep -x pvisor >/dev/null && fail "a pvisor process is still running" || ok "nothing left running"
+pidof pvisor >/dev/null && fail "a pvisor process is still running" || ok "nothing left running"
 
 # 3. Missing files: an error naming the file, before anything starts.
 pvisor run --guest kvm --kernel /nonexistent --mem 64M --dedup off </dev/null 2>/tmp/nf.err

@@ -12,7 +12,7 @@ check "guest reached its init" grep -q "PVG-INIT" /tmp/vm0.out
 check "guest saw 2 CPUs" grep -q "Brought up 1 node, 2 CPUs" /tmp/vm0.out
 line=$(pvg_event vm0 ready 1)
 check "agent reported ready with 0 mismatches" [ "$(json_field "$line" verify_mismatched)" = 0 ]
-pgrep -x pvisor >/dev/null && fail "a pvisor process is still running" || ok "nothing left running"
+pidof pvisor >/dev/null && fail "a pvisor process is still running" || ok "nothing left running"
 
 # Reboot ends the VMM with 0 too.
 start_vm vm1 --mem 128M --dedup off --cmdline "pvg.exit=reboot"
