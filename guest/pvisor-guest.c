@@ -554,6 +554,7 @@ static int pvg_cli_parse(struct pvg_cli *c, int argc, char **argv)
 {
 	int opt, idx;
 
+	opterr = 0;   /* the PVG error line says it, once */
 	while ((opt = getopt_long(argc, argv, "h", pvg_options, &idx)) != -1) {
 		switch (opt) {
 		case 'c': c->cmdline = optarg; break;
@@ -570,7 +571,8 @@ static int pvg_cli_parse(struct pvg_cli *c, int argc, char **argv)
 			c->write = true;
 			break;
 		case '?':
-			pvg_report_error(NULL, NULL, "bad option; see pvisor-guest --help");
+			pvg_report_error("option", argv[optind - 1],
+					 "unknown option or missing value; see pvisor-guest --help");
 			return 2;
 		default:
 			if (pvg_cli_word(c, pvg_options[idx].name, optarg)) {
