@@ -352,7 +352,7 @@ static int pvg_read_line(struct pvg_reader *r, double deadline, char *out, size_
 			return -1;
 		if (left <= 0)
 			return 0;
-		n = poll(&pfd, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
+		n = poll(&pfd, 1, (int)(left * 1000) + 1);   /* left <= PVG_SECONDS_MAX */
 		if (n < 0 && errno != EINTR)
 			return -1;
 		if (n <= 0)

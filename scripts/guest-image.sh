@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # guest-image.sh: build the guest kernel + initrd that run pvisor-guest (and a tiny boot-time initrd).
 #
-# Usage: scripts/guest-image.sh [--build DIR] [--tiny] [--force] [OUTDIR]
+# Usage: scripts/guest-image.sh [--build DIR] [--tiny] [--force] [--modules "M.."] [OUTDIR]
 #   OUTDIR        where the images go (default: out/images)
 #   --build DIR   meson build dir holding guest/pvisor-guest (default: build)
 #   --tiny        build OUTDIR/tiny-initrd.img instead: busybox and an /init that
@@ -162,11 +162,12 @@ stage_base() {
 		echo "guest-image: cannot mknod /dev/console (not root?): /init may have no console" >&2
 }
 
-# pack DIR IMAGE: a reproducible gzip'd newc cpio of DIR, replaced atomically.
+# pack DIR IMAGE: a reproducible gzip'd newc cpio of DIR, replaced atomically (two runs
+# at once each write their own temporary file; the last rename wins, both are whole).
 pack() {
 	(cd "$1" && find . -mindepth 1 | LC_ALL=C sort |
-		cpio -o -H newc -R 0:0 --reproducible --quiet) | gzip -n -6 >"$2.tmp"
-	mv "$2.tmp" "$2"
+		cpio -o -H newc -R 0:0 --reproducible --quiet) | gzip -n -6 >"$2.tmp.$$"
+	mv "$2.tmp.$$" "$2"
 }
 
 if [ "$tiny" = 1 ]; then
