@@ -202,10 +202,11 @@ static void pvg_cmd_verify(struct pvg_agent *a)
 	pvg_line_str(&l, "workload", a->data.pages ? wl_names[a->data.kind] : "none");
 	pvg_line_u64(&l, "seed", a->data.seed);
 	pvg_line_u64(&l, "pages", a->data.pages);
-	pvg_line_u64(&l, "mismatched", bad);
+	pvg_line_u64(&l, "verify_mismatched", bad);
 	if (bad)
 		pvg_line_u64(&l, "first_bad", first_bad);
 	pvg_line_secs(&l, "verify_s", pvg_now() - t0);
+	pvg_line_digests(&l, &a->data);   /* what the region holds, right or wrong */
 	pvg_line_end(&l);
 }
 

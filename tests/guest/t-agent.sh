@@ -70,13 +70,13 @@ HW=$("$AGENT" --host-digest --cmdline "$args" --write-seed 9)
 [ "$W" = "$HW" ] && [ "$W" != "$D0" ] && t_ok "write 9: digest $W = --write-seed 9, not $D0" ||
 	t_bad "write 9: digest $W, --write-seed 9 gives $HW, before $D0"
 R=$(pvg verify 1 <"$OUT")
-[ "$(jf ok <<<"$R") $(jf mismatched <<<"$R") $(jf workload <<<"$R") $(jf seed <<<"$R")" = \
-  "true 0 unique-random 9" ] && t_ok "verify after write: 0 mismatched" || t_bad "verify after write: $R"
+[ "$(jf ok <<<"$R") $(jf verify_mismatched <<<"$R") $(jf workload <<<"$R") $(jf seed <<<"$R") $(jf digest <<<"$R")" = \
+  "true 0 unique-random 9 $HW" ] && t_ok "verify after write: 0 mismatched" || t_bad "verify after write: $R"
 [ "$(pvg poke <"$OUT" | jf ok)" = true ] || t_bad "poke: $(pvg poke <"$OUT")"
 R=$(pvg verify 2 <"$OUT")
-[ "$(jf ok <<<"$R") $(jf mismatched <<<"$R") $(jf first_bad <<<"$R")" = "false 1 5" ] &&
+[ "$(jf ok <<<"$R") $(jf verify_mismatched <<<"$R") $(jf first_bad <<<"$R")" = "false 1 5" ] &&
 	t_ok "verify after poke 5: 1 mismatched, first_bad 5" || t_bad "verify after poke: $R"
-[ "$(pvg verify 3 <"$OUT" | jf mismatched)" = 0 ] || t_bad "verify after rewrite: $(pvg verify 3 <"$OUT")"
+[ "$(pvg verify 3 <"$OUT" | jf verify_mismatched)" = 0 ] || t_bad "verify after rewrite: $(pvg verify 3 <"$OUT")"
 R=$(pvg load <"$OUT")
 [ "$(jf ok <<<"$R") $(jf bytes <<<"$R") $(jf digest <<<"$R")" = \
   "true 10000 $("$AGENT" --file-digest "$F")" ] && t_ok "load: 10000 bytes, digest = --file-digest" ||
