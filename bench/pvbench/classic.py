@@ -53,7 +53,7 @@ def patterns(ctx):
                              "pss_mib": round(s["pss_bytes"] / MIB, 2),
                              "ksm_profit_mib": round(s["ksm_profit_bytes"] / MIB, 2),
                              "ksm_pages_sharing": s["ksm_pages_sharing"],
-                             "ksm_pages_shared": s["ksm_pages_shared"],
+                             "ksm_global_pages_sharing": s["ksm_global_pages_sharing"],
                              "ksm_meta_mib": round(s["ksm_meta_bytes"] / MIB, 3)}
             t_poke = ses.vms[0].poke_all()
             s = ses.window(a.after, phase="after-write")

@@ -3,6 +3,7 @@
 SIGTERM), every process is stopped, every cgroup removed and every KSM knob restored."""
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import tempfile
 
 from . import VERSION, classic, plot, report
 from .guest import stop_process
-from .host import host_facts, leftover_groups
+from .host import host_facts, leftover_groups, mergeable_others
 from .ksm import KERNEL_DEFAULTS, Ksm, available as ksm_available
 from .run import CONDITIONS, LATER, run_condition
 
@@ -184,6 +185,25 @@ def resolve(a, sub):
     return a
 
 
+LOCK = "/run/lock/pvisor-bench.lock"
+
+
+def host_lock():
+    """One run per host: an flock held until exit; None if another run holds it."""
+    os.makedirs(os.path.dirname(LOCK), exist_ok=True)
+    f = open(LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 class Bins:
     def __init__(self, build):
         self.build = build
@@ -325,6 +345,11 @@ def main(argv, here):
     if not a.no_plots and not plot.have_gnuplot():
         sys.stderr.write(f"{prog}: gnuplot not found (apt-get install gnuplot-nox), or pass --no-plots\n")
         return EXIT_USAGE
+    lock = host_lock()
+    if lock is None:
+        sys.stderr.write(f"{prog}: another pvisor-bench is running ({LOCK}); KSM and the host's memory are "
+                         f"shared, so runs cannot overlap: wait for it to end\n")
+        return EXIT_USAGE
     out = a.out or f"pvisor-bench-{sub}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     os.makedirs(out, exist_ok=True)
     stale = leftover_groups()
@@ -340,6 +365,12 @@ def execute(sub, a, bins, out, kvm, src):
         signal.signal(s, on_signal)
     ksm = ctx = None
     results, problems, interrupted = [], [], None
+    others = mergeable_others({os.getpid()})
+    if others:
+        sys.stderr.write("pvisor-bench: WARNING: other processes have MADV_MERGEABLE memory; ksmd scans "
+                         "them in turn with the benchmark's, so KSM's passes here are slower than on a "
+                         "quiet host: " + ", ".join(f"{o['comm']} (pid {o['pid']}, {o['mergeable_mib']} MiB)"
+                                                     for o in others) + "\n")
     try:
         ksm = Ksm()
         ctx = Ctx(a, bins, tmp, ksm)
@@ -359,10 +390,10 @@ def execute(sub, a, bins, out, kvm, src):
         sys.stderr.write(f"pvisor-bench: interrupted ({interrupted}); processes stopped, cgroups removed, "
                          f"KSM knobs {'NOT restored: ' + '; '.join(problems) if problems else 'restored'}\n")
         return 130
-    return finish(sub, a, bins, out, results, ksm, started, problems)
+    return finish(sub, a, bins, out, results, ksm, started, problems, others)
 
 
-def finish(sub, a, bins, out, results, ksm, started, problems):
+def finish(sub, a, bins, out, results, ksm, started, problems, others):
     report.write_csvs(out, results, a.vms)
     report.add_sharing_cpu(results)
     sweep = report.sweep_summary(results, a.sweep) if getattr(a, "sweep", None) else None
@@ -371,7 +402,9 @@ def finish(sub, a, bins, out, results, ksm, started, problems):
                "command": sys.argv, "cwd": os.getcwd(), "started": started,
                "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                "pvisor_version": bins.version(), "build": os.path.abspath(bins.build),
-               "host": host_facts(), "kernel": os.uname().release,
+               "host": dict(host_facts(), ksm_other_mergeable=others,
+                            loadavg=open("/proc/loadavg").read().split()[:3]),
+               "kernel": os.uname().release,
                "params": {k: v for k, v in vars(a).items()},
                "ksm": {"before": ksm.saved, "used": {**{"advisor_mode": "none"}, **_used(a)},
                        "after": ksm.saved if not problems else None, "restored": not problems,
@@ -396,6 +429,9 @@ def finish(sub, a, bins, out, results, ksm, started, problems):
     report.write_summary(out, summary)
     print(text)
     print(f"\nresults: {os.path.abspath(out)}/ (summary.json, CSV series, {len(summary['plots'])} plot files)")
+    if others:
+        print(f"note: KSM shared ksmd with {len(others)} other MADV_MERGEABLE process(es) "
+              f"({', '.join(o['comm'] for o in others)}): see host.ksm_other_mergeable in summary.json")
     for p in problems:
         print(f"PROBLEM: {p}", file=sys.stderr)
     excluded = [r for r in results if r["excluded"]]

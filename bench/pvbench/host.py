@@ -51,6 +51,17 @@ def pss_bytes(pid):
     return 0
 
 
+def mergeable_bytes(pid):
+    """Bytes of the process's VMAs marked MADV_MERGEABLE ('mg' in VmFlags of /proc/PID/smaps)."""
+    total, size = 0, 0
+    for line in rd(f"/proc/{pid}/smaps", "").splitlines():
+        if line.startswith("Size:"):
+            size = int(line.split()[1]) * 1024
+        elif line.startswith("VmFlags:") and "mg" in line.split()[1:]:
+            total += size
+    return total
+
+
 def ksm_stat(pid):
     """/proc/PID/ksm_stat as a dict of ints (ksm_rmap_items, ksm_merging_pages, ...)."""
     out = {}
@@ -60,6 +71,22 @@ def ksm_stat(pid):
             out[k] = int(v)
         except ValueError:
             pass
+    return out
+
+
+def mergeable_others(exclude=()):
+    """Other processes with MADV_MERGEABLE memory: ksmd scans them too, in turn with ours,
+    so they slow KSM's passes here and add to its global counters."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) in exclude:
+            continue
+        st = rd(f"/proc/{p}/ksm_stat", "")
+        if "ksm_mergeable: yes" not in st and "ksm_merge_any: yes" not in st:
+            continue
+        out.append({"pid": int(p), "comm": rd(f"/proc/{p}/comm", "?"),
+                    "mergeable_mib": round(mergeable_bytes(int(p)) / MIB, 1),
+                    "ksm_rmap_items": ksm_stat(int(p)).get("ksm_rmap_items", 0)})
     return out
 
 

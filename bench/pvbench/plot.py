@@ -68,20 +68,20 @@ def bars(out, results, workloads, conds, reclaim_mib):
     nc = max(1, len(conds))
     width = 0.8 / nc
     with open(dat, "w") as f:
-        f.write("# x reclaim_s end_mib cpu_s color reclaim_label\n")
+        f.write("# x reclaim_s end_mib cpu_s color reclaim_label reclaim_label_y\n")
         for wi, wl in enumerate(workloads):
             for ci, c in enumerate(conds):
                 r = next((r for r in results if r["workload"] == wl and r["condition"] == c), None)
                 x = wi + (ci - (nc - 1) / 2) * width
                 if r is None or r["excluded"]:
-                    f.write(f"{x:.3f} NaN NaN NaN {ci} \"excl.\"\n")
+                    f.write(f"{x:.3f} NaN NaN NaN {ci} \"excl.\" 0\n")
                     continue
                 t = r["t_reclaim_s"]
                 cpu = r.get("sharing_cpu_s")
                 cpu = r["group_cpu_total_s"] + r["ksmd_cpu_s"] if cpu is None else cpu
                 lab = "never" if t is None else f"{t:.2f}"
                 f.write(f"{x:.3f} {'NaN' if t is None else t} {r['end_charge_mib']} {cpu:.3f} {ci} "
-                        f"\"{lab}\"\n")
+                        f"\"{lab}\" {0 if t is None else t}\n")
     pal = ", ".join(f"{i} '{color(c, i)}'" for i, c in enumerate(conds))
     xt = ", ".join(f"'{_esc(wl)}' {i}" for i, wl in enumerate(workloads))
     keys = ", ".join(f"NaN with boxes fs solid 0.8 lc rgb '{color(c, i)}' title '{c}'"
@@ -97,14 +97,16 @@ set offsets 0,0,graph 0.15,0
 set grid ytics
 set key top left opaque
 """
-    panels = [(f"time to reclaim {reclaim_mib} MiB (s since launch)", "seconds", 2, "stringcolumn(6)"),
-              ("group memory at window end", "MiB", 3, "sprintf('%.0f', $3)"),
-              ("CPU for sharing (beyond off, incl. ksmd)", "CPU seconds", 4, "sprintf('%.2f', $4)")]
-    for i, (title, ylab, col, lab) in enumerate(panels):
+    panels = [(f"time to reclaim {reclaim_mib} MiB (s since launch)", "seconds", 2, "stringcolumn(6)", 7),
+              ("group memory at window end", "MiB", 3, "sprintf('%.0f', $3)", 3),
+              ("CPU for sharing (beyond off, incl. ksmd)", "CPU seconds", 4, "sprintf('%.2f', $4)", 4)]
+    for i, (title, ylab, col, lab, ycol) in enumerate(panels):
+        # reclaim labels ("never" on most bars) stand upright so that neighbours never overlap
+        rot = "rotate by 90 left offset 0,0.3" if col == 2 else "offset 0,0.7"
         body += f"""set title '{title}'
 set ylabel '{ylab}'
 plot '{dat}' using 1:{col}:({width * 0.95}):5 with boxes fs solid 0.8 lc palette notitle, \\
-     '' using 1:(${col} == ${col} ? ${col} : 0):({lab}) with labels offset 0,0.7 font ',9' notitle\
+     '' using 1:{ycol}:({lab}) with labels {rot} font ',9' notitle\
 {(", " + keys) if i == 0 else ""}
 """
     body += "unset multiplot\n"

@@ -1,4 +1,5 @@
 # benchlib.py: helpers shared by the bench tests (t_ prefix): KSM knobs, leftovers, the program.
+import fcntl
 import os
 import sys
 
@@ -32,6 +33,11 @@ def t_need_root():
         t_skip("needs root (memory cgroups, KSM knobs)")
     if not os.path.isfile(f"{KSM}/run"):
         t_skip("no /sys/kernel/mm/ksm in this kernel")
+    try:
+        with open("/run/lock/pvisor-bench.lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        t_skip("another pvisor-bench run holds /run/lock/pvisor-bench.lock (KSM is host-wide)")
 
 
 def t_knobs():
