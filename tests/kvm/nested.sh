@@ -117,7 +117,7 @@ chmod +x "$root/init"
 append="console=ttyS0 loglevel=3 panic=-1 rdinit=/init pvt.script=$script"
 for a in "$@"; do append="$append pvt.arg=$a"; done
 log=$work/${script%.sh}.log
-timeout "$tmo" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
+timeout "$tmo" qemu-system-x86_64 -machine mem-merge=off -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
 	-nographic -no-reboot -nodefaults -serial stdio -monitor none \
 	-kernel "$kdir/vmlinuz" -initrd "$work/outer-initrd.$$.cpio" -append "$append" </dev/null |
 	tr -d '\r' | tee "$log"

@@ -20,6 +20,7 @@ put 0x202 'HdrS'                   # header magic
 put 0x206 '\017\002'               # protocol 2.15
 put 0x211 '\001'                   # loadflags: LOADED_HIGH
 put 0x230 '\000\000\040\000'       # kernel_alignment 2 MiB
+put 0x234 '\001'                   # relocatable_kernel: load it at 1 MiB
 put 0x236 '\001\000'               # xloadflags: XLF_KERNEL_64
 put 0x260 '\000\000\020\000'       # init_size 1 MiB
 # 64-bit entry = protected-mode kernel (file offset 1024) + 0x200:
@@ -33,7 +34,7 @@ kill -0 $pid 2>/dev/null && { kill -9 $pid; fail "triple fault: pvisor still run
 wait $pid; rc=$?
 cat /tmp/tf.err
 check "triple fault: non-zero exit (got $rc)" [ "$rc" != 0 ] && [ "$rc" != 137 ]
-check "triple fault: the error says so" grep -qi "triple" /tmp/tf.err
+check "triple fault: the error says so" grep -q "triple fault (KVM_EXIT_SHUTDOWN)" /tmp/tf.err
 sleep 0.2
 pidof pvisor >/dev/null && fail "a pvisor process is still running" || ok "nothing left running"
 
