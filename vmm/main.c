@@ -343,6 +343,15 @@ static void vmm_kvm_check(struct vmm_opts *o, bool disk_ro)
 {
 	int fd;
 
+	/* First: without KVM nothing else matters, and the way out is --guest synthetic. */
+	fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		log_die(1, "--guest kvm: no /dev/kvm on this host; load kvm-intel or kvm-amd, or use "
+			"--guest synthetic to exercise the memory plane without KVM");
+	if (fd < 0)
+		log_die(1, "--guest kvm: cannot open /dev/kvm: %s; check its permissions "
+			"(or use --guest synthetic)", strerror(errno));
+	close(fd);
 	if (!*o->kernel)
 		log_die(2, "--kernel: a bzImage is needed for --guest kvm");
 	if (o->mem > VMM_KVM_MEM_MAX || o->mem < (2u << 20))
@@ -361,13 +370,6 @@ static void vmm_kvm_check(struct vmm_opts *o, bool disk_ro)
 			errno == EACCES || errno == EROFS ? " (add ,ro for a read-only disk)" : "");
 	if (*o->disk)
 		close(fd);
-	fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-	if (fd < 0)
-		log_die(1, "--guest kvm: cannot open /dev/kvm: %s; %s", strerror(errno),
-			errno == ENOENT ? "this host has no KVM (load kvm-intel or kvm-amd, or use "
-			"--guest synthetic to exercise the memory plane without KVM)" :
-			"check its permissions (or use --guest synthetic)");
-	close(fd);
 }
 
 static void vmm_kvm_irq(void *opaque, uint32_t gsi, int level)
@@ -436,12 +438,6 @@ static int vmm_kvm_build(struct vmm_vm *vm, struct vmm_opts *o, bool disk_ro,
 		log_err("cannot create %" PRIu64 " MiB of guest RAM: %s", o->mem >> 20, strerror(-ret));
 		return ret;
 	}
-	ret = vmm_mem__start(vm->mem);
-	if (ret) {
-		log_err("cannot start the memory plane (--dedup %s): %s", vmm_dedup_names[o->dedup],
-			strerror(-ret));
-		return ret;
-	}
 	kcfg.mem = vm->mem;
 	ret = vmm_kvm__create(&vm->kvm, &kcfg);
 	if (ret) {
@@ -454,7 +450,17 @@ static int vmm_kvm_build(struct vmm_vm *vm, struct vmm_opts *o, bool disk_ro,
 	snprintf(cmdline, sizeof(cmdline), "%s%s%s", VMM_KVM_CMDLINE, *o->cmdline ? " " : "",
 		 o->cmdline);
 	log_debug("guest command line: %s", cmdline);
-	return vmm_boot__load(vm->mem, &bcfg, entry);
+	ret = vmm_boot__load(vm->mem, &bcfg, entry);
+	if (ret)
+		return ret;
+	/* the plane stops the vCPUs around remaps; see struct vmm_mem_vcpus */
+	vmm_mem__set_vcpus(vm->mem, &(struct vmm_mem_vcpus){ .pause = vmm_kvm__pause,
+		.paused = vmm_kvm__paused, .resume = vmm_kvm__resume, .opaque = vm->kvm });
+	ret = vmm_mem__start(vm->mem);
+	if (ret)
+		log_err("cannot start the memory plane (--dedup %s): %s", vmm_dedup_names[o->dedup],
+			strerror(-ret));
+	return ret;
 }
 
 static int vmm_kvm_api(struct vmm_vm *vm, struct vmm_opts *o)
