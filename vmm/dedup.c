@@ -114,6 +114,23 @@ void vmm_dedup_mark_dirty(struct vmm_dedup *dd, uint64_t page)
 
 /* --- write faults ------------------------------------------------------ */
 
+/*
+ * A write to a shared page: make the guest's private copy before the slot's
+ * reference goes back to the pool. Once DROPped, the pool may recycle the slot
+ * and write another page's bytes into it; a writer still mapping the slot would
+ * then copy those bytes. So unprotect without waking, take the copy here
+ * (MADV_POPULATE_WRITE breaks copy-on-write without changing a byte), and only
+ * then DROP and wake. A concurrent writer that copied first is fine too.
+ */
+static void vmm_dedup_copy_out(struct vmm_dedup *dd, uint64_t page)
+{
+	uint8_t *p = dd->m->ram + page * PROTO_PAGE_SIZE;
+
+	vmm_uffd__wp(dd->uffd, p, PROTO_PAGE_SIZE, false, false);
+	if (madvise(p, PROTO_PAGE_SIZE, MADV_POPULATE_WRITE))
+		__atomic_fetch_add(p, 0, __ATOMIC_SEQ_CST); /* older kernels: a write that changes nothing */
+}
+
 static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
 {
 	uint64_t base = (uint64_t)(uintptr_t)dd->m->ram, page, ref;
@@ -130,12 +147,14 @@ static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
 		break;
 	case VMM_PG_SHARED:
 		dd->st.cow_breaks++;
+		vmm_dedup_copy_out(dd, page);
 		vmm_dedup_send(dd, PROTO_OP_DROP, page, NULL, (uint32_t)(ref / dd->pool.seg_pages),
 			       (uint32_t)(ref % dd->pool.seg_pages));
 		vmm_dedup_mark_dirty(dd, page);
 		break;
 	case VMM_PG_ORPHAN:
 		dd->st.cow_breaks++;
+		vmm_dedup_copy_out(dd, page);
 		vmm_dedup_mark_dirty(dd, page);
 		break;
 	case VMM_PG_ZERO:
@@ -147,7 +166,7 @@ static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
 	vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE, false, true);
 }
 
-static void vmm_dedup_faults(struct vmm_dedup *dd)
+void vmm_dedup_faults(struct vmm_dedup *dd)
 {
 	struct uffd_msg msg[64];
 	ssize_t n;

@@ -102,6 +102,8 @@ void vmm_dedup_send(struct vmm_dedup *dd, uint16_t op, uint64_t page, const uint
 void vmm_dedup_disconnect(struct vmm_dedup *dd, const char *why);
 int vmm_dedup_pagemap(struct vmm_dedup *dd, uint64_t first, uint64_t n, uint64_t *out);
 void vmm_dedup_mark_dirty(struct vmm_dedup *dd, uint64_t page);
+/* Serve every pending write fault (the uffd is non-blocking). */
+void vmm_dedup_faults(struct vmm_dedup *dd);
 
 /* merge.c */
 int vmm_merge__init(struct vmm_dedup *dd);
@@ -131,6 +133,7 @@ struct vmm_mem {
 	pthread_mutex_t stats_lock;   /* protects pub */
 	struct vmm_mem_stats pub;     /* snapshot published by the dedup thread */
 	uint64_t pages_hinted;        /* atomic; any mode: the dedup thread never sees off/ksm */
+	struct vmm_mem_vcpus vcpus;   /* KVM guests: paused around remaps; .pause NULL otherwise */
 };
 
 /* Set up the client (uffd, page table); the thread starts in vmm_dedup__start. */

@@ -88,6 +88,11 @@ struct vmm_kvm {
 	bool stopped;           /* vCPU threads joined */
 	atomic_int end;         /* enum vmm_kvm_end */
 	atomic_bool stopping;   /* vCPU threads leave at their next exit */
+	atomic_bool pause_req;  /* vCPU threads park outside KVM_RUN (vmm_kvm__pause) */
+	pthread_mutex_t park_lock; /* protects nparked, nrunning; with park_cond */
+	pthread_cond_t park_cond;
+	unsigned nparked;       /* threads parked */
+	unsigned nrunning;      /* threads started and not yet returned */
 	atomic_uint_fast64_t unknown_pio, unknown_mmio; /* accesses nobody handles */
 };
 
@@ -357,15 +362,34 @@ static bool kvm_exit(struct vmm_vcpu *v)
 	return false;
 }
 
+/* Wait outside KVM_RUN until vmm_kvm__resume or the VM stops. */
+static void kvm_vcpu_park(struct vmm_vcpu *v)
+{
+	struct vmm_kvm *k = v->k;
+
+	pthread_mutex_lock(&k->park_lock);
+	k->nparked++;
+	pthread_cond_broadcast(&k->park_cond);
+	while (atomic_load(&k->pause_req) && !atomic_load(&k->stopping))
+		pthread_cond_wait(&k->park_cond, &k->park_lock);
+	k->nparked--;
+	pthread_mutex_unlock(&k->park_lock);
+}
+
 static void *kvm_vcpu_thread(void *arg)
 {
 	struct vmm_vcpu *v = arg;
+	struct vmm_kvm *k = v->k;
 	sigset_t kick;
 
 	sigemptyset(&kick);
 	sigaddset(&kick, VMM_KVM_KICK_SIG);
 	pthread_sigmask(SIG_UNBLOCK, &kick, NULL);
 	while (!atomic_load(&v->k->stopping)) {
+		if (atomic_load(&k->pause_req)) {
+			kvm_vcpu_park(v);
+			continue;
+		}
 		if (ioctl(v->fd, KVM_RUN, 0) < 0) {
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
@@ -376,7 +400,57 @@ static void *kvm_vcpu_thread(void *arg)
 		if (!kvm_exit(v))
 			break;
 	}
+	pthread_mutex_lock(&k->park_lock);
+	k->nrunning--;
+	pthread_cond_broadcast(&k->park_cond);
+	pthread_mutex_unlock(&k->park_lock);
 	return NULL;
+}
+
+/* Kick every vCPU out of KVM_RUN: immediate_exit for a thread about to enter, the signal inside. */
+static void kvm_kick_all(struct vmm_kvm *k)
+{
+	for (unsigned i = 0; i < k->nvcpus; i++) {
+		struct vmm_vcpu *v = &k->vcpus[i];
+
+		if (!v->started)
+			continue;
+		__atomic_store_n(&v->run->immediate_exit, 1, __ATOMIC_SEQ_CST);
+		pthread_kill(v->thread, VMM_KVM_KICK_SIG);
+	}
+}
+
+void vmm_kvm__pause(void *opaque)
+{
+	struct vmm_kvm *k = opaque;
+
+	atomic_store(&k->pause_req, true);
+	kvm_kick_all(k);
+}
+
+bool vmm_kvm__paused(void *opaque)
+{
+	struct vmm_kvm *k = opaque;
+	bool all;
+
+	pthread_mutex_lock(&k->park_lock);
+	all = k->nparked >= k->nrunning;
+	pthread_mutex_unlock(&k->park_lock);
+	return all;
+}
+
+void vmm_kvm__resume(void *opaque)
+{
+	struct vmm_kvm *k = opaque;
+
+	pthread_mutex_lock(&k->park_lock);
+	if (!atomic_load(&k->stopping))
+		for (unsigned i = 0; i < k->nvcpus; i++)
+			if (k->vcpus[i].started)
+				__atomic_store_n(&k->vcpus[i].run->immediate_exit, 0, __ATOMIC_SEQ_CST);
+	atomic_store(&k->pause_req, false);
+	pthread_cond_broadcast(&k->park_cond);
+	pthread_mutex_unlock(&k->park_lock);
 }
 
 /* --- setup --- */
@@ -613,6 +687,8 @@ int vmm_kvm__create(struct vmm_kvm **out, const struct vmm_kvm_cfg *cfg)
 	k->sys_fd = k->vm_fd = -1;
 	k->mem = cfg->mem;
 	k->stop_fd = cfg->stop_fd;
+	pthread_mutex_init(&k->park_lock, NULL);
+	pthread_cond_init(&k->park_cond, NULL);
 	for (unsigned i = 0; i < VMM_KVM_VCPUS_MAX; i++)
 		k->vcpus[i].fd = -1;
 	sigemptyset(&sa.sa_mask);
@@ -667,8 +743,14 @@ int vmm_kvm__start(struct vmm_kvm *k, const struct vmm_boot_entry *entry)
 		struct vmm_vcpu *v = &k->vcpus[i];
 		char name[16];
 
+		pthread_mutex_lock(&k->park_lock);
+		k->nrunning++; /* before the thread exists: it decrements when it returns */
+		pthread_mutex_unlock(&k->park_lock);
 		ret = -pthread_create(&v->thread, NULL, kvm_vcpu_thread, v);
 		if (ret) {
+			pthread_mutex_lock(&k->park_lock);
+			k->nrunning--;
+			pthread_mutex_unlock(&k->park_lock);
 			log_err("kvm: cannot start vCPU %u: %s", i, strerror(-ret));
 			break;
 		}
@@ -684,16 +766,11 @@ void vmm_kvm__stop(struct vmm_kvm *k)
 {
 	if (!k || k->stopped)
 		return;
+	pthread_mutex_lock(&k->park_lock);
 	atomic_store(&k->stopping, true);
-	for (unsigned i = 0; i < k->nvcpus; i++) {
-		struct vmm_vcpu *v = &k->vcpus[i];
-
-		if (!v->started)
-			continue;
-		/* immediate_exit covers a thread about to enter KVM_RUN, the signal one inside */
-		__atomic_store_n(&v->run->immediate_exit, 1, __ATOMIC_SEQ_CST);
-		pthread_kill(v->thread, VMM_KVM_KICK_SIG);
-	}
+	pthread_cond_broadcast(&k->park_cond);
+	pthread_mutex_unlock(&k->park_lock);
+	kvm_kick_all(k);
 	for (unsigned i = 0; i < k->nvcpus; i++) {
 		if (k->vcpus[i].started)
 			pthread_join(k->vcpus[i].thread, NULL);
@@ -723,5 +800,7 @@ void vmm_kvm__destroy(struct vmm_kvm *k)
 		close(k->vm_fd);
 	if (k->sys_fd >= 0)
 		close(k->sys_fd);
+	pthread_cond_destroy(&k->park_cond);
+	pthread_mutex_destroy(&k->park_lock);
 	free(k);
 }

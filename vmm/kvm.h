@@ -63,6 +63,14 @@ enum vmm_kvm_end vmm_kvm__ended(struct vmm_kvm *k);
 
 /* Kick every vCPU out of KVM_RUN and join the threads. Idempotent. */
 void vmm_kvm__stop(struct vmm_kvm *k);
+/*
+ * For the memory plane (struct vmm_mem_vcpus, opaque = the vmm_kvm): ask every
+ * vCPU thread to leave KVM_RUN and park (does not wait), tell whether all have,
+ * and let them run again. A stopped VM counts as paused.
+ */
+void vmm_kvm__pause(void *opaque);
+bool vmm_kvm__paused(void *opaque);
+void vmm_kvm__resume(void *opaque);
 /* Stop, then close the vCPUs and the VM. NULL is fine. */
 void vmm_kvm__destroy(struct vmm_kvm *k);
 

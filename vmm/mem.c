@@ -126,6 +126,12 @@ err:
 	return ret;
 }
 
+void vmm_mem__set_vcpus(struct vmm_mem *m, const struct vmm_mem_vcpus *v)
+{
+	if (!m->started)
+		m->vcpus = *v;
+}
+
 int vmm_mem__start(struct vmm_mem *m)
 {
 	static bool ksm_warned;

@@ -55,8 +55,27 @@ struct vmm_mem_stats {
 	uint64_t pages_hinted;     /* pages reported filled by device reads (vmm_mem__hint) */
 };
 
+/*
+ * struct vmm_mem_vcpus - how the plane stops a KVM guest's vCPUs around a batch
+ * of remaps. Write protection alone should hold a vCPU's writes off a page
+ * being merged, but a vCPU that keeps running in guest mode can still use a
+ * translation cached before the remap (seen under nested KVM: merges without
+ * a pause corrupted the guest during boot). With every vCPU out of KVM_RUN
+ * while pages are compared and remapped, and KVM's flush done on re-entry, no
+ * guest access can see the old page. Host threads (devices) stay covered by
+ * write protection.
+ */
+struct vmm_mem_vcpus {
+	void (*pause)(void *opaque);   /* ask every vCPU to leave KVM_RUN; must not wait */
+	bool (*paused)(void *opaque);  /* true once no vCPU is inside KVM_RUN */
+	void (*resume)(void *opaque);
+	void *opaque;
+};
+
 /* Map guest RAM and set up the plane; the dedup thread is not started yet. */
 int vmm_mem__create(struct vmm_mem **out, const struct vmm_mem_cfg *cfg);
+/* Before vmm_mem__start: the vCPUs to pause around remaps (KVM guests). */
+void vmm_mem__set_vcpus(struct vmm_mem *m, const struct vmm_mem_vcpus *v);
 /* Start the dedup thread (physical), or MADV_MERGEABLE (ksm); no-op for off. */
 int vmm_mem__start(struct vmm_mem *m);
 /* Stop the dedup thread, print nothing, unmap guest RAM. */

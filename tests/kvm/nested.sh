@@ -120,7 +120,7 @@ log=$work/${script%.sh}.log
 timeout "$tmo" qemu-system-x86_64 -machine mem-merge=off -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
 	-nographic -no-reboot -nodefaults -serial stdio -monitor none \
 	-kernel "$kdir/vmlinuz" -initrd "$work/outer-initrd.$$.cpio" -append "$append" </dev/null |
-	tr -d '\r' | tee "$log"
+	stdbuf -oL tr -d '\r' | tee "$log"
 qrc=${PIPESTATUS[0]}
 rm -f "$work/outer-initrd.$$.cpio"
 [ "$qrc" = 124 ] && { echo "nested.sh: timed out after $tmo s"; exit 124; }
