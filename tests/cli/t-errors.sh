@@ -36,9 +36,10 @@ printf 'config = /etc/other.conf\n' >"$T_TMP/bad-config.conf"
 t_expect 2 "bad-config\.conf:1:&&command line" run $S --config "$T_TMP/bad-config.conf"
 t_expect 2 "nonexistent\.conf&&cannot open" run $S --config "$T_TMP/nonexistent.conf"
 
-# KVM: without /dev/kvm the hint points at the synthetic guest.
+# KVM: without /dev/kvm the hint points at the synthetic guest; with it, a KVM guest needs a kernel.
 if [ -e /dev/kvm ]; then
-	t_expect 1 "not implemented yet&&--guest synthetic" run --guest kvm --dedup off
+	t_expect nonzero "--kernel" run --guest kvm --dedup off
+	t_expect nonzero "/nonexistent" run --guest kvm --dedup off --kernel /nonexistent
 else
 	t_expect nonzero "no /dev/kvm&&--guest synthetic" run
 	t_expect nonzero "no /dev/kvm&&--guest synthetic" run --guest kvm --dedup off --kernel /nonexistent
