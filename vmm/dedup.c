@@ -233,7 +233,7 @@ static void vmm_dedup_hash_pages(struct vmm_dedup *dd, const uint64_t *pg, unsig
 		struct proto_sqe e = { .page = pg[i], .op = PROTO_OP_OFFER, .flags = flags };
 
 		dd->st.pages_hashed++;
-		if (util_page_is_zero(p)) {
+		if (!dd->test_no_zero && util_page_is_zero(p)) {
 			zero[nzero++] = pg[i];
 			continue;
 		}
@@ -635,6 +635,8 @@ int vmm_dedup__create(struct vmm_mem *m, struct vmm_dedup **out)
 	dd->count[VMM_PG_NEW] = m->pages;
 	dd->test_no_wp = vmm_dedup_env("PVISOR_TEST_NO_WP") != 0;
 	dd->test_merge_delay_us = vmm_dedup_env("PVISOR_TEST_MERGE_DELAY_US");
+	dd->test_no_merge = vmm_dedup_env("PVISOR_TEST_NO_MERGE") != 0;
+	dd->test_no_zero = vmm_dedup_env("PVISOR_TEST_NO_ZERO") != 0;
 	dd->state = calloc(m->pages, 1);
 	dd->ref = calloc(m->pages, sizeof(*dd->ref));
 	dd->dq = calloc(m->pages, sizeof(*dd->dq));

@@ -83,6 +83,8 @@ struct vmm_dedup {
 	uint64_t bad_conn;            /* garbage completions on this connection */
 	bool test_no_wp;              /* PVISOR_TEST_NO_WP: unprotect before compare */
 	uint64_t test_merge_delay_us; /* PVISOR_TEST_MERGE_DELAY_US */
+	bool test_no_merge;           /* PVISOR_TEST_NO_MERGE: verdicts dropped, nothing remapped */
+	bool test_no_zero;            /* PVISOR_TEST_NO_ZERO: zero pages hashed like any other */
 	uint64_t t0_ns;               /* epoch of the us/ms stamps in ref[] */
 	uint64_t throttle_until_ns;   /* no hashing before this (CPU cap) */
 	uint64_t cpu_mark_ns;         /* thread CPU at the last throttle decision */

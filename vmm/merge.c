@@ -502,7 +502,7 @@ static void vmm_merge_batch(struct vmm_dedup *dd)
 		return;
 	dd->nmapv = 0;
 	qsort(dd->mapv, n, sizeof(*dd->mapv), vmm_merge_cmp);
-	if (!vmm_merge_pause(dd)) {
+	if (dd->test_no_merge || !vmm_merge_pause(dd)) {
 		vmm_merge_drop(dd, dd->mapv, n);
 		return;
 	}
