@@ -187,8 +187,48 @@ void vmm_dedup_faults(struct vmm_dedup *dd)
 
 /* --- hashing ------------------------------------------------------------ */
 
+#define VMM_PAUSE_WAIT_NS 2000000000ull /* vCPUs that do not stop for this long: skip */
+
+/*
+ * KVM guests: every vCPU out of KVM_RUN before pages are compared and
+ * remapped, or found zero and discarded (see struct vmm_mem_vcpus). A vCPU may be blocked in a write fault
+ * on a protected page, which only this thread resolves, so keep serving
+ * faults while waiting. Returns false (merge nothing) if the vCPUs do not
+ * stop within VMM_PAUSE_WAIT_NS.
+ */
+bool vmm_dedup_pause_vcpus(struct vmm_dedup *dd)
+{
+	const struct vmm_mem_vcpus *v = &dd->m->vcpus;
+	uint64_t until = util_now_ns() + VMM_PAUSE_WAIT_NS;
+
+	if (!v->pause)
+		return true;
+	v->pause(v->opaque);
+	while (!v->paused(v->opaque)) {
+		struct pollfd p = { .fd = dd->uffd, .events = POLLIN };
+
+		if (util_now_ns() > until) {
+			log_warn("dedup: vCPUs did not stop within %llu ms; work skipped",
+				 (unsigned long long)(VMM_PAUSE_WAIT_NS / 1000000));
+			v->resume(v->opaque);
+			return false;
+		}
+		if (poll(&p, 1, 1) > 0)
+			vmm_dedup_faults(dd);
+	}
+	return true;
+}
+
+void vmm_dedup_resume_vcpus(struct vmm_dedup *dd)
+{
+	if (dd->m->vcpus.resume)
+		dd->m->vcpus.resume(dd->m->vcpus.opaque);
+}
+
 static void vmm_dedup_discard_zero(struct vmm_dedup *dd, const uint64_t *pg, unsigned n)
 {
+	if (!n || !vmm_dedup_pause_vcpus(dd))
+		return; /* not discarded: the pages stay protected as NEW, the sweep comes back */
 	for (unsigned i = 0; i < n;) {
 		unsigned j = i + 1;
 		uint8_t *addr = dd->m->ram + pg[i] * PROTO_PAGE_SIZE;
@@ -197,16 +237,33 @@ static void vmm_dedup_discard_zero(struct vmm_dedup *dd, const uint64_t *pg, uns
 		while (j < n && pg[j] == pg[j - 1] + 1)
 			j++;
 		len = (uint64_t)(j - i) * PROTO_PAGE_SIZE;
-		/* still protected: nobody wrote since the check; the marker keeps tracking it */
-		if (!madvise(addr, len, MADV_DONTNEED)) {
-			vmm_uffd__wp(dd->uffd, addr, len, true, false);
-			for (unsigned k = i; k < j; k++) {
-				vmm_dedup_set_state(dd, pg[k], VMM_PG_ZERO);
-				vmm_dedup_send(dd, PROTO_OP_ZERO, pg[k], NULL, 0, 0);
+		/*
+		 * Protect again: a fault served while the vCPUs were stopping unprotected
+		 * its page. With the vCPUs parked and host writers held by the
+		 * protection, a page still zero now is zero when it goes.
+		 */
+		vmm_uffd__wp(dd->uffd, addr, len, true, false);
+		for (unsigned k = i, z; k < j; k = z) {
+			uint8_t *p = dd->m->ram + pg[k] * PROTO_PAGE_SIZE;
+
+			for (z = k; z < j && util_page_is_zero(p + (uint64_t)(z - k) * PROTO_PAGE_SIZE); z++)
+				;
+			if (z == k) {
+				z++; /* written meanwhile: left as it is, the sweep comes back */
+				continue;
+			}
+			if (madvise(p, (uint64_t)(z - k) * PROTO_PAGE_SIZE, MADV_DONTNEED))
+				continue;
+			/* with WP_UNPOPULATED this leaves a marker: the next write is tracked */
+			vmm_uffd__wp(dd->uffd, p, (uint64_t)(z - k) * PROTO_PAGE_SIZE, true, false);
+			for (unsigned q = k; q < z; q++) {
+				vmm_dedup_set_state(dd, pg[q], VMM_PG_ZERO);
+				vmm_dedup_send(dd, PROTO_OP_ZERO, pg[q], NULL, 0, 0);
 			}
 		}
 		i = j;
 	}
+	vmm_dedup_resume_vcpus(dd);
 }
 
 /* Protect, then hash: @pg sorted ascending, no duplicates. */

@@ -104,6 +104,9 @@ void vmm_dedup_send(struct vmm_dedup *dd, uint16_t op, uint64_t page, const uint
 void vmm_dedup_disconnect(struct vmm_dedup *dd, const char *why);
 int vmm_dedup_pagemap(struct vmm_dedup *dd, uint64_t first, uint64_t n, uint64_t *out);
 void vmm_dedup_mark_dirty(struct vmm_dedup *dd, uint64_t page);
+/* KVM guests: park every vCPU (serving faults meanwhile); false if they did not stop. */
+bool vmm_dedup_pause_vcpus(struct vmm_dedup *dd);
+void vmm_dedup_resume_vcpus(struct vmm_dedup *dd);
 /* Serve every pending write fault (the uffd is non-blocking). */
 void vmm_dedup_faults(struct vmm_dedup *dd);
 

@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <fcntl.h>
-#include <poll.h>
 
 #include "dedup.h"
 #include "log.h"
@@ -44,7 +43,6 @@
 #define VMM_RECOUNT_NS   100000000ull
 #define VMM_PIPELINE     1024       /* merge after this many completions */
 #define VMM_MERGE_MIN    512        /* verdicts that make a batch worth remapping now */
-#define VMM_PAUSE_WAIT_NS 2000000000ull /* vCPUs that do not stop for this long: skip */
 #define VMM_MERGE_WAIT_NS 10000000ull /* or the oldest verdict has waited this long */
 #define VMM_CMP_PAGES    16         /* slots read per pread for the compare */
 #define PM_PRESENT       (1ull << 63)
@@ -458,42 +456,6 @@ static int vmm_merge_cmp(const void *a, const void *b)
 	return x->page < y->page ? -1 : x->page > y->page;
 }
 
-/*
- * KVM guests: every vCPU out of KVM_RUN before the batch is compared and
- * remapped (see struct vmm_mem_vcpus). A vCPU may be blocked in a write fault
- * on a protected page, which only this thread resolves, so keep serving
- * faults while waiting. Returns false (merge nothing) if the vCPUs do not
- * stop within VMM_PAUSE_WAIT_NS.
- */
-static bool vmm_merge_pause(struct vmm_dedup *dd)
-{
-	const struct vmm_mem_vcpus *v = &dd->m->vcpus;
-	uint64_t until = util_now_ns() + VMM_PAUSE_WAIT_NS;
-
-	if (!v->pause)
-		return true;
-	v->pause(v->opaque);
-	while (!v->paused(v->opaque)) {
-		struct pollfd p = { .fd = dd->uffd, .events = POLLIN };
-
-		if (util_now_ns() > until) {
-			log_warn("dedup: vCPUs did not stop for a merge within %llu ms; merge skipped",
-				 (unsigned long long)(VMM_PAUSE_WAIT_NS / 1000000));
-			v->resume(v->opaque);
-			return false;
-		}
-		if (poll(&p, 1, 1) > 0)
-			vmm_dedup_faults(dd);
-	}
-	return true;
-}
-
-static void vmm_merge_resume(struct vmm_dedup *dd)
-{
-	if (dd->m->vcpus.resume)
-		dd->m->vcpus.resume(dd->m->vcpus.opaque);
-}
-
 static void vmm_merge_batch(struct vmm_dedup *dd)
 {
 	uint32_t n = dd->nmapv, i = 0;
@@ -502,7 +464,7 @@ static void vmm_merge_batch(struct vmm_dedup *dd)
 		return;
 	dd->nmapv = 0;
 	qsort(dd->mapv, n, sizeof(*dd->mapv), vmm_merge_cmp);
-	if (dd->test_no_merge || !vmm_merge_pause(dd)) {
+	if (dd->test_no_merge || !vmm_dedup_pause_vcpus(dd)) {
 		vmm_merge_drop(dd, dd->mapv, n);
 		return;
 	}
@@ -516,7 +478,7 @@ static void vmm_merge_batch(struct vmm_dedup *dd)
 		vmm_merge_run(dd, dd->mapv + i, j - i);
 		i = j;
 	}
-	vmm_merge_resume(dd);
+	vmm_dedup_resume_vcpus(dd);
 }
 
 void vmm_merge__completions(struct vmm_dedup *dd)
