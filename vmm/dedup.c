@@ -32,6 +32,7 @@
  *   HASHED --MAP verdict, bytes equal--> remap --> SHARED (protected)
  *   SHARED --write fault--> DIRTY (DROP sent, copy on write)
  *   all-zero when hashed --> MADV_DONTNEED, WP marker --> ZERO
+ *     (never in a range once remapped: see VMM_PG_FILEVMA)
  *
  * Work is picked in priority order: file-read hints, settled DIRTY pages,
  * then a sweep of /proc/self/pagemap over NEW pages that backs off to once a
@@ -62,7 +63,7 @@ void vmm_dedup_set_state(struct vmm_dedup *dd, uint64_t page, enum vmm_pg s)
 {
 	dd->count[dd->state[page] & VMM_PG_MASK]--;
 	dd->count[s]++;
-	dd->state[page] = (uint8_t)((dd->state[page] & VMM_PG_QUEUED) | s);
+	dd->state[page] = (uint8_t)((dd->state[page] & (VMM_PG_QUEUED | VMM_PG_FILEVMA)) | s);
 }
 
 uint32_t vmm_dedup_now_us(const struct vmm_dedup *dd)
@@ -290,7 +291,7 @@ static void vmm_dedup_hash_pages(struct vmm_dedup *dd, const uint64_t *pg, unsig
 		struct proto_sqe e = { .page = pg[i], .op = PROTO_OP_OFFER, .flags = flags };
 
 		dd->st.pages_hashed++;
-		if (!dd->test_no_zero && util_page_is_zero(p)) {
+		if (!dd->test_no_zero && !(dd->state[pg[i]] & VMM_PG_FILEVMA) && util_page_is_zero(p)) {
 			zero[nzero++] = pg[i];
 			continue;
 		}

@@ -23,6 +23,13 @@ enum vmm_pg {
 };
 #define VMM_PG_MASK   0x0f
 #define VMM_PG_QUEUED 0x80 /* the page index is on the dirty queue */
+/*
+ * The page lies in a range once remapped from a pool segment: its VMA is a
+ * private FILE mapping for good. MADV_DONTNEED there would not give zeros back
+ * but the segment's bytes, so such a page is never discarded as zero; it is
+ * hashed and offered like any other page.
+ */
+#define VMM_PG_FILEVMA 0x40
 
 /* struct vmm_seg - a store segment we learned about */
 struct vmm_seg {

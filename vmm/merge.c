@@ -376,6 +376,7 @@ static void vmm_merge_remap(struct vmm_dedup *dd, struct vmm_seg *s, const struc
 		uint64_t ns = (uint64_t)(uint32_t)(now_us - dd->ref[v[i].page]) * 1000;
 
 		vmm_dedup_set_state(dd, v[i].page, VMM_PG_SHARED);
+		dd->state[v[i].page] |= VMM_PG_FILEVMA;
 		dd->ref[v[i].page] = v[i].seg * dd->pool.seg_pages + v[i].slot;
 		dd->st.merges++;
 		dd->st.merge_ns_last = ns;

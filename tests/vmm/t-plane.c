@@ -10,6 +10,7 @@
 #include "log.h"
 #include "proto.h"
 #include "tvmm.h"
+#include "util.h"
 
 /* Usage: t-vmm-plane cow|zero|poolkill|vma */
 
@@ -45,6 +46,43 @@ static uint64_t t_check_written(struct vmm_mem *m, uint64_t n, uint64_t v)
 				PROTO_PAGE_SIZE);
 	}
 	return bad;
+}
+
+/*
+ * A merged page the guest then fills with zeros: its range is a private file
+ * mapping now, where MADV_DONTNEED would bring the slot's bytes back instead
+ * of zeros. The zeros must read back once the plane has hashed them again.
+ */
+static int t_zero_after_merge(struct t_pool *pool, struct vmm_mem **m)
+{
+	struct vmm_mem_stats st;
+	uint64_t hashed, bad = 0;
+	double end;
+
+	for (int i = 0; i < 2; i++)
+		t_fill(m[i], WL_SHARED_RANDOM, (uint64_t)i, T_PAGES);
+	for (int i = 0; i < 2; i++)
+		T_CHECK(t_wait_shared(m[i], T_PAGES, 30) == T_PAGES, "guest %d did not merge", i);
+	hashed = t_st(m[0]).pages_hashed;
+	for (uint64_t p = 0; p < T_PAGES; p++)
+		memset(vmm_mem__hva(m[0], GPA(p * PROTO_PAGE_SIZE), PROTO_PAGE_SIZE), 0, PROTO_PAGE_SIZE);
+	/* the writes broke copy-on-write; wait until every page was hashed again */
+	end = t_now() + 20;
+	do {
+		usleep(20000);
+		st = t_st(m[0]);
+	} while (st.pages_hashed < hashed + T_PAGES && t_now() < end);
+	usleep(200000);
+	for (uint64_t p = 0; p < T_PAGES; p++)
+		bad += !util_page_is_zero(vmm_mem__hva(m[0], GPA(p * PROTO_PAGE_SIZE), PROTO_PAGE_SIZE));
+	printf("zero-after-merge: hashed %llu more, %llu pages not zero, zero %llu, shared %llu\n",
+	       (unsigned long long)(st.pages_hashed - hashed), (unsigned long long)bad,
+	       (unsigned long long)st.pages_zero, (unsigned long long)st.pages_shared);
+	T_CHECK(st.pages_hashed >= hashed + T_PAGES, "the written pages were not hashed again");
+	T_CHECK(bad == 0, "%llu zeroed pages read back other bytes: a lost write",
+		(unsigned long long)bad);
+	T_CHECK(!t_verify(m[1], WL_SHARED_RANDOM, 1, T_PAGES), "guest 1 changed");
+	return T_PASS;
 }
 
 static int t_cow(struct t_pool *pool, struct vmm_mem **m)
@@ -274,6 +312,8 @@ int main(int argc, char **argv)
 		ret = t_cow(&pool, m);
 	else if (!strcmp(mode, "zero"))
 		ret = t_zero(&pool, m);
+	else if (!strcmp(mode, "zero-after-merge"))
+		ret = t_zero_after_merge(&pool, m);
 	else if (!strcmp(mode, "poolkill"))
 		ret = t_poolkill(&pool, m);
 	else if (!strcmp(mode, "vma"))
