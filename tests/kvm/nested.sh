@@ -18,7 +18,7 @@
 # no /dev/kvm, 124 on a timeout, 1 when the outer guest died without a status.
 set -u
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build=$top/build smp=2 mem=2048 tmo=480 qemu_inside=0
+build=$top/build smp=2 mem=2048 tmo=480 qemu_inside=0 npt=${PVISOR_NESTED_NPT:-1}
 while [ $# -gt 0 ]; do
 	case $1 in
 	--build) build=$(cd "$2" && pwd); shift 2 ;;
@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
 	--mem) mem=$2; shift 2 ;;
 	--timeout) tmo=$2; shift 2 ;;
 	--qemu-inside) qemu_inside=1; shift ;;
+	--npt) npt=$2; shift 2 ;;
 	-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
 	-*) echo "nested.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
 	*) break ;;
@@ -95,7 +96,10 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 export PATH=/opt/pvisor/bin:/usr/bin:/bin:/sbin:/usr/sbin
-for k in irqbypass ccp kvm kvm-amd; do insmod /mods/$k.ko 2>/dev/null || echo "@@ insmod $k failed"; done
+npt=1
+for a in $(cat /proc/cmdline); do case $a in pvt.npt=*) npt=${a#pvt.npt=} ;; esac; done
+for k in irqbypass ccp kvm; do insmod /mods/$k.ko 2>/dev/null || echo "@@ insmod $k failed"; done
+insmod /mods/kvm-amd.ko npt=$npt || echo "@@ insmod kvm-amd failed"
 if [ ! -c /dev/kvm ]; then
 	echo "@@NESTED-RC=77 (no /dev/kvm in the outer guest: does QEMU emulate SVM here?)"
 	poweroff -f
@@ -114,7 +118,7 @@ chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet) >"$work/outer-initrd.$$.cpio" ||
 	{ echo "nested.sh: cpio failed" >&2; exit 1; }
 
-append="console=ttyS0 loglevel=3 panic=-1 rdinit=/init pvt.script=$script"
+append="console=ttyS0 loglevel=3 panic=-1 rdinit=/init pvt.script=$script pvt.npt=$npt"
 for a in "$@"; do append="$append pvt.arg=$a"; done
 log=$work/${script%.sh}.log
 timeout "$tmo" qemu-system-x86_64 -machine mem-merge=off -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
