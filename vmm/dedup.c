@@ -167,40 +167,6 @@ static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
 	vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE, false, true);
 }
 
-/* Undo whatever dedup did to a page KVM writes itself, then leave it alone. */
-static void vmm_dedup_pin_page(struct vmm_dedup *dd, uint64_t page)
-{
-	uint64_t ref = dd->ref[page];
-
-	switch (vmm_dedup_state(dd, page)) {
-	case VMM_PG_PINNED:
-		return;
-	case VMM_PG_HASHED:
-		vmm_dedup_send(dd, PROTO_OP_FORGET, page, NULL, 0, 0);
-		break;
-	case VMM_PG_SHARED:
-		vmm_dedup_copy_out(dd, page);
-		vmm_dedup_send(dd, PROTO_OP_DROP, page, NULL, (uint32_t)(ref / dd->pool.seg_pages),
-			       (uint32_t)(ref % dd->pool.seg_pages));
-		break;
-	case VMM_PG_ORPHAN:
-		vmm_dedup_copy_out(dd, page);
-		break;
-	default:
-		break;
-	}
-	vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE, false, true);
-	vmm_dedup_set_state(dd, page, VMM_PG_PINNED);
-}
-
-static void vmm_dedup_pins(struct vmm_dedup *dd)
-{
-	pthread_mutex_lock(&dd->hint_lock);
-	while (dd->pins_done < dd->npins)
-		vmm_dedup_pin_page(dd, dd->pins[dd->pins_done++]);
-	pthread_mutex_unlock(&dd->hint_lock);
-}
-
 void vmm_dedup_faults(struct vmm_dedup *dd)
 {
 	struct uffd_msg msg[64];
@@ -638,7 +604,6 @@ static void *vmm_dedup_main(void *arg)
 		if (pfd[1].revents && read(dd->ctl_efd, &v, sizeof(v)) < 0)
 			log_debug("dedup: control eventfd: %s", strerror(errno));
 		vmm_dedup_faults(dd);
-		vmm_dedup_pins(dd);
 		if (vmm_pool__up(&dd->pool))
 			vmm_dedup_check_sock(dd, pfd[2].revents);
 		if (vmm_pool__up(&dd->pool)) {
@@ -783,20 +748,6 @@ void vmm_dedup__destroy(struct vmm_dedup *dd)
 		pthread_join(dd->thread, NULL);
 	}
 	vmm_dedup_free(dd);
-}
-
-void vmm_dedup__pin(struct vmm_dedup *dd, uint64_t first, uint64_t n)
-{
-	uint64_t one = 1;
-
-	pthread_mutex_lock(&dd->hint_lock);
-	for (uint64_t p = first; p < first + n && dd->npins < VMM_PINS_MAX; p++)
-		dd->pins[dd->npins++] = p;
-	if (dd->npins == VMM_PINS_MAX)
-		log_warn("dedup: more than %u pinned pages; the rest stay in dedup", VMM_PINS_MAX);
-	pthread_mutex_unlock(&dd->hint_lock);
-	if (write(dd->ctl_efd, &one, sizeof(one)) < 0)
-		log_debug("dedup: pin doorbell: %s", strerror(errno));
 }
 
 void vmm_dedup__hint(struct vmm_dedup *dd, uint64_t first, uint64_t n)

@@ -19,11 +19,9 @@ enum vmm_pg {
 	VMM_PG_ZERO,        /* all zero, discarded, write-protected marker */
 	VMM_PG_COMPRESSED,  /* reserved: compressed tier */
 	VMM_PG_DAX,         /* reserved: DAX window */
-	VMM_PG_PINNED,      /* KVM writes it itself (kvm-clock, steal time...): never touched */
 	VMM_PG_NSTATES,
 };
 #define VMM_PG_MASK   0x0f
-#define VMM_PINS_MAX  1024 /* pinned pages: a few per vCPU */
 #define VMM_PG_QUEUED 0x80 /* the page index is on the dirty queue */
 /*
  * The page lies in a range once remapped from a pool segment: its VMA is a
@@ -66,8 +64,6 @@ struct vmm_dedup {
 	pthread_mutex_t hint_lock;    /* protects the hint list (any thread adds) */
 	uint64_t (*hints)[2];         /* (first page, count) ranges */
 	uint32_t nhints, hint_cap;
-	uint64_t pins[VMM_PINS_MAX];  /* pages to keep out of dedup; under hint_lock */
-	uint32_t npins, pins_done;    /* added, handled by the dedup thread */
 	uint64_t sweep_pos;           /* next page the NEW sweep looks at */
 	uint64_t sweep_at_ns;         /* no sweep before this time (backoff) */
 	uint64_t sweep_backoff_ns;    /* grows while passes find nothing */
@@ -159,7 +155,5 @@ int vmm_dedup__start(struct vmm_dedup *dd);
 void vmm_dedup__destroy(struct vmm_dedup *dd);
 /* Queue [first, first+n) for hashing ahead of everything else (any thread). */
 void vmm_dedup__hint(struct vmm_dedup *dd, uint64_t first, uint64_t n);
-/* Keep [first, first+n) out of dedup for good (any thread; done by the dedup thread). */
-void vmm_dedup__pin(struct vmm_dedup *dd, uint64_t first, uint64_t n);
 
 #endif

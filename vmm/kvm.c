@@ -18,7 +18,6 @@
 #include "kvm.h"
 #include "log.h"
 #include "mem.h"
-#include "pvmsr.h"
 
 /*
  * DOC: the VM and its vCPUs
@@ -340,10 +339,6 @@ static bool kvm_exit(struct vmm_vcpu *v)
 	case KVM_EXIT_INTR:
 	case KVM_EXIT_HLT:   /* not seen with the in-kernel LAPIC; run again */
 		return true;
-	case KVM_EXIT_X86_WRMSR:
-		if (vmm_pvmsr__exit(v->fd, run, v->k->mem))
-			return true;
-		break;
 	case KVM_EXIT_SHUTDOWN:
 		kvm_exit_shutdown(v);
 		break;
@@ -638,10 +633,6 @@ static int kvm_vm_setup(struct vmm_kvm *k)
 	errno = EFAULT;
 	if (!slot.userspace_addr || ioctl(k->vm_fd, KVM_SET_USER_MEMORY_REGION, &slot))
 		goto err;
-	ret = vmm_pvmsr__setup(k->vm_fd);
-	if (ret)
-		log_warn("kvm: no MSR filter (%s): pages KVM writes itself (kvm-clock) stay in dedup; "
-			 "with --dedup physical the guest's clock may stop", strerror(-ret));
 	return 0;
 err:
 	ret = -errno;

@@ -183,17 +183,6 @@ void *vmm_mem__hva(struct vmm_mem *m, gpa_t gpa, uint64_t len)
 	return m->ram + gpa.v;
 }
 
-void vmm_mem__pin(struct vmm_mem *m, gpa_t gpa, uint64_t len)
-{
-	uint64_t first, last;
-
-	if (!len || !vmm_mem__hva(m, gpa, len) || !m->dd)
-		return;
-	first = gpa.v / PROTO_PAGE_SIZE;
-	last = (gpa.v + len - 1) / PROTO_PAGE_SIZE;
-	vmm_dedup__pin(m->dd, first, last - first + 1);
-}
-
 void vmm_mem__hint(struct vmm_mem *m, gpa_t gpa, uint64_t len)
 {
 	uint64_t first, last;

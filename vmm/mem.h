@@ -85,8 +85,6 @@ uint64_t vmm_mem__size(const struct vmm_mem *m);
 /* Host pointer for [gpa, gpa+len), or NULL if any of it lies outside guest RAM. */
 void *vmm_mem__hva(struct vmm_mem *m, gpa_t gpa, uint64_t len);
 
-/* KVM writes [gpa, gpa+len) itself (a paravirtual MSR named it): keep it out of dedup. */
-void vmm_mem__pin(struct vmm_mem *m, gpa_t gpa, uint64_t len);
 /* Pages [gpa, gpa+len) were just filled by a file read: hash them first. */
 void vmm_mem__hint(struct vmm_mem *m, gpa_t gpa, uint64_t len);
 
