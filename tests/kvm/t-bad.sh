@@ -22,6 +22,7 @@ put 0x211 '\001'                   # loadflags: LOADED_HIGH
 put 0x230 '\000\000\040\000'       # kernel_alignment 2 MiB
 put 0x234 '\001'                   # relocatable_kernel: load it at 1 MiB
 put 0x236 '\001\000'               # xloadflags: XLF_KERNEL_64
+put 0x238 '\000\010\000\000'       # cmdline_size 2048
 put 0x260 '\000\000\020\000'       # init_size 1 MiB
 # 64-bit entry = protected-mode kernel (file offset 1024) + 0x200:
 # push 0; push 0; lidt [rsp]; ud2
