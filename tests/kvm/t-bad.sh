@@ -16,17 +16,20 @@ dd if=/dev/zero of=$f bs=512 count=8 2>/dev/null
 put() { printf "$2" | dd of=$f bs=1 seek=$(($1)) conv=notrunc 2>/dev/null; }
 put 0x1f1 '\001'                   # setup_sects: 1 (+ boot sector) = 1024 bytes of setup
 put 0x1fe '\125\252'               # boot_flag 0xaa55
+put 0x200 '\353\146'               # jmp over the header: it ends at 0x268
 put 0x202 'HdrS'                   # header magic
 put 0x206 '\017\002'               # protocol 2.15
 put 0x211 '\001'                   # loadflags: LOADED_HIGH
-put 0x230 '\000\000\040\000'       # kernel_alignment 2 MiB
+# (the file is zeros already: write only the non-zero bytes; busybox printf ends at a NUL)
+put 0x232 '\040'                   # kernel_alignment 0x200000 (2 MiB)
 put 0x234 '\001'                   # relocatable_kernel: load it at 1 MiB
 put 0x236 '\001\000'               # xloadflags: XLF_KERNEL_64
-put 0x238 '\000\010\000\000'       # cmdline_size 2048
-put 0x260 '\000\000\020\000'       # init_size 1 MiB
+put 0x239 '\010'                   # cmdline_size 0x800
+put 0x262 '\020'                   # init_size 0x100000 (1 MiB)
 # 64-bit entry = protected-mode kernel (file offset 1024) + 0x200:
 # push 0; push 0; lidt [rsp]; ud2
-put $((1024 + 0x200)) '\152\000\152\000\017\001\034\044\017\013'
+put $((1024 + 0x200)) '\152'; put $((1024 + 0x202)) '\152'
+put $((1024 + 0x204)) '\017\001\034\044\017\013'
 t0=$(uptime_s)
 pvisor run --guest kvm --kernel $f --mem 64M --dedup off </dev/null >/tmp/tf.out 2>/tmp/tf.err &
 pid=$!
