@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "config.h"
 #include "pvg.h"
 
 const char *const pvg_exit_names[] = { "poweroff", "reboot", "none", NULL };
@@ -42,32 +43,6 @@ int pvg_parse_u64(const char *s, uint64_t *out)
 	return 0;
 }
 
-int pvg_parse_size(const char *s, uint64_t *out)
-{
-	static const struct { const char *suffix; unsigned shift; } units[] = {
-		{ "", 0 }, { "K", 10 }, { "KiB", 10 }, { "M", 20 }, { "MiB", 20 },
-		{ "G", 30 }, { "GiB", 30 }, { "T", 40 }, { "TiB", 40 },
-	};
-	unsigned long long v;
-	char *end;
-
-	if (!isdigit((unsigned char)*s))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno)
-		return -EINVAL;
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		if (strcasecmp(end, units[i].suffix))
-			continue;
-		if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
-			return -EINVAL;
-		*out = (uint64_t)v << units[i].shift;
-		return 0;
-	}
-	return -EINVAL;
-}
-
 static int pvg_word(const char *const *words, const char *val)
 {
 	for (int i = 0; words[i]; i++)
@@ -90,7 +65,7 @@ static int pvg_set_size(struct pvg_params *p, const char *val)
 {
 	uint64_t v;
 
-	if (pvg_parse_size(val, &v) || !v || v % 4096 || v > PVG_SIZE_MAX)
+	if (conf_parse_size(val, &v) || !v || v % 4096 || v > PVG_SIZE_MAX)
 		return -EINVAL;
 	p->size = v;
 	return 0;

@@ -39,7 +39,6 @@ void pvg_params__init(struct pvg_params *p);
  */
 int pvg_params__parse(struct pvg_params *p, const char *cmdline, char *err, size_t errlen);
 /* "64M", "4096", "1G" -> bytes; -EINVAL if not a number with an optional K/M/G/T suffix. */
-int pvg_parse_size(const char *s, uint64_t *out);
 /* Decimal u64 with no sign, no junk and no overflow; -EINVAL otherwise. */
 int pvg_parse_u64(const char *s, uint64_t *out);
 
