@@ -1,13 +1,15 @@
 /* bootmeter.c: time a VMM from start to a console marker and read its memory overhead there. */
 /*
- * Usage: kvm-bootmeter --marker TEXT --guest-mem MiB [--timeout S] [--name N] -- CMD [ARG...]
+ * Usage: kvm-bootmeter --marker TEXT --guest-mem MiB [--timeout S] [--name N] [--stop]
+ *                      -- CMD [ARG...]
  *
  * Starts CMD with its stdout on a pipe, copies every line through, and when a
  * line contains TEXT (the guest's init announcing itself) records the time since
  * the fork and reads /proc/PID/smaps: the VMM's overhead is its total Rss minus
  * the Rss of the guest RAM, taken as the anonymous mappings at least as large
  * as --guest-mem (pvisor maps guest RAM as one; QEMU as one, rounded up). Then it
- * waits for CMD to end (killing it after --timeout) and prints one line:
+ * waits for CMD to end (--stop: sends it SIGTERM at the marker, since only the way
+ * to init is measured; in any case SIGKILL after --timeout) and prints one line:
  *   BOOTMETER {"name":N,"init_s":..,"rss_kib":..,"guest_kib":..,"overhead_kib":..,"exit":..}
  * Exit status: 0 when the marker was seen, 1 otherwise. Works for any VMM, so
  * pvisor and QEMU are measured the same way in the same run.
@@ -72,7 +74,7 @@ static int bm_smaps(pid_t pid, unsigned long long guest_kib, unsigned long long 
 static void bm_usage(void)
 {
 	fprintf(stderr, "usage: kvm-bootmeter --marker TEXT --guest-mem MiB [--timeout S] "
-			"[--name NAME] -- CMD [ARG...]\n");
+			"[--name NAME] [--stop] -- CMD [ARG...]\n");
 	exit(2);
 }
 
@@ -81,12 +83,16 @@ int main(int argc, char **argv)
 	const char *marker = NULL, *name = "vmm";
 	unsigned long long guest_kib = 0, rss = 0, guest = 0;
 	double timeout = 120, t0, t_init = -1;
-	int i, fds[2], status = 0, seen = 0;
+	int i, fds[2], status = 0, seen = 0, stop = 0;
 	char line[4096];
 	pid_t pid;
 	FILE *in;
 
 	for (i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+		if (!strcmp(argv[i], "--stop")) {
+			stop = 1;
+			continue;
+		}
 		if (i + 1 >= argc)
 			bm_usage();
 		if (!strcmp(argv[i], "--marker"))
@@ -128,6 +134,8 @@ int main(int argc, char **argv)
 			seen = 1;
 			t_init = bm_now() - t0;
 			bm_smaps(pid, guest_kib, &rss, &guest);
+			if (stop)
+				kill(pid, SIGTERM);
 		}
 	}
 	waitpid(pid, &status, 0);
