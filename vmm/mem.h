@@ -57,13 +57,13 @@ struct vmm_mem_stats {
 
 /*
  * struct vmm_mem_vcpus - how the plane stops a KVM guest's vCPUs around a batch
- * of remaps. Write protection alone should hold a vCPU's writes off a page
- * being merged, but a vCPU that keeps running in guest mode can still use a
- * translation cached before the remap (seen under nested KVM: merges without
- * a pause corrupted the guest during boot). With every vCPU out of KVM_RUN
- * while pages are compared and remapped, and KVM's flush done on re-entry, no
- * guest access can see the old page. Host threads (devices) stay covered by
- * write protection.
+ * of remaps or zero-page discards (DESIGN.md's second design). Write
+ * protection alone holds a vCPU's writes off a page being merged; stopping the
+ * vCPUs as well means no guest access at all can race the compare, the remap
+ * or the discard, whatever KVM caches. It was added while a guest corruption
+ * was being chased that turned out to be something else (see VMM_PG_FILEVMA);
+ * it is kept as a safety net until it has been measured against its cost.
+ * Host threads (devices) stay covered by write protection alone.
  */
 struct vmm_mem_vcpus {
 	void (*pause)(void *opaque);   /* ask every vCPU to leave KVM_RUN; must not wait */
