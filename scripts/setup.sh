@@ -3,7 +3,7 @@
 set -eu
 need=(meson ninja-build pkg-config gcc liburing-dev libxxhash-dev liblz4-dev libzstd-dev
       libvirt-dev libjson-c-dev python3 gnuplot-nox
-      qemu-system-x86 busybox-static cpio acpica-tools)
+      qemu-system-x86 busybox-static cpio acpica-tools file)
 missing=()
 for p in "${need[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
