@@ -6,27 +6,9 @@ set -u
 
 PVISOR=${PVISOR_BIN:-$(dirname "${BASH_SOURCE[0]}")/../../build/vmm/pvisor}
 T_NAME=$(basename "$0" .sh)
-T_PIDS=()
-T_FAILS=0
+. "$(dirname "${BASH_SOURCE[0]}")/../t-common.sh"
 
-t_skip() { echo "SKIP: $T_NAME: $*"; exit 77; }
-t_fail() { echo "FAIL: $T_NAME: $*"; exit 1; }
-t_pass() { [ "$T_FAILS" = 0 ] || t_fail "$T_FAILS check(s) failed"; echo "PASS: $T_NAME${1:+: $*}"; exit 0; }
-# A failed check that lets the test go on and report every problem.
-t_bad() { echo "  not ok: $*"; T_FAILS=$((T_FAILS + 1)); }
-
-t_cleanup() {
-	local p
-	for p in "${T_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-	for p in "${T_PIDS[@]}"; do wait "$p" 2>/dev/null; done
-	[ -n "${T_TMP:-}" ] && rm -rf "$T_TMP"
-}
-
-t_setup() {
-	[ -x "$PVISOR" ] || t_skip "no pvisor binary at $PVISOR"
-	T_TMP=$(mktemp -d /tmp/pvisor-cli.XXXXXX)
-	trap t_cleanup EXIT
-}
+t_setup() { t_setup_tmp "$PVISOR" pvisor-cli; }
 
 # t_expect STATUS 'regex' ARGS...: run pvisor ARGS, want exit STATUS (or "nonzero")
 # and stderr+stdout matching every |-free extended regex given as 'a&&b'.

@@ -7,29 +7,13 @@ set -u
 AGENT=${PVISOR_BUILD:-$(dirname "${BASH_SOURCE[0]}")/../../build}/guest/pvisor-guest
 PVISOR=${PVISOR_BIN:-${PVISOR_BUILD:-$(dirname "${BASH_SOURCE[0]}")/../../build}/vmm/pvisor}
 T_NAME=$(basename "$0" .sh)
-T_PIDS=()
-T_FAILS=0
+. "$(dirname "${BASH_SOURCE[0]}")/../t-common.sh"
 
-t_skip() { echo "SKIP: $T_NAME: $*"; exit 77; }
-t_fail() { echo "FAIL: $T_NAME: $*"; exit 1; }
-t_pass() { [ "$T_FAILS" = 0 ] || t_fail "$T_FAILS check(s) failed"; echo "PASS: $T_NAME${1:+: $*}"; exit 0; }
-t_bad() { echo "  not ok: $*"; T_FAILS=$((T_FAILS + 1)); }
 t_ok() { echo "  ok: $*"; }
 # t_check DESCRIPTION COMMAND...: ok if the command succeeds.
 t_check() { local d=$1; shift; if "$@"; then t_ok "$d"; else t_bad "$d"; fi; }
 
-t_cleanup() {
-	local p
-	for p in "${T_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-	for p in "${T_PIDS[@]}"; do wait "$p" 2>/dev/null; done
-	[ -n "${T_TMP:-}" ] && rm -rf "$T_TMP"
-}
-
-t_setup() {
-	[ -x "$AGENT" ] || t_skip "no pvisor-guest at $AGENT"
-	T_TMP=$(mktemp -d /tmp/pvisor-guest.XXXXXX)
-	trap t_cleanup EXIT
-}
+t_setup() { t_setup_tmp "$AGENT" pvisor-guest; }
 
 # pvg EVENT [NTH] <FILE: the NTH (default 1st) `PVG {...}` line of an event.
 pvg() { grep "^PVG {\"event\":\"$1\"" | sed -n "${2:-1}p" | sed 's/^PVG //'; }
