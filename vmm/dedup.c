@@ -63,7 +63,7 @@ void vmm_dedup_set_state(struct vmm_dedup *dd, uint64_t page, enum vmm_pg s)
 {
 	dd->count[dd->state[page] & VMM_PG_MASK]--;
 	dd->count[s]++;
-	dd->state[page] = (uint8_t)((dd->state[page] & (VMM_PG_QUEUED | VMM_PG_FILEVMA)) | s);
+	dd->state[page] = (uint8_t)((dd->state[page] & (VMM_PG_QUEUED | VMM_PG_FILEVMA | VMM_PG_PINNED)) | s);
 }
 
 uint32_t vmm_dedup_now_us(const struct vmm_dedup *dd)
@@ -189,6 +189,41 @@ void vmm_dedup_faults(struct vmm_dedup *dd)
 /* --- hashing ------------------------------------------------------------ */
 
 #define VMM_PAUSE_WAIT_NS 2000000000ull /* vCPUs that do not stop for this long: skip */
+#define VMM_HV_PAGES_MAX  (2 * 7 * 64)   /* two pages per PV area, 7 areas, 64 vCPUs */
+
+/*
+ * Keep the pages the hypervisor writes out of dedup (VMM_PG_PINNED). Called
+ * with the vCPUs parked, so a page it names now is one no merge or discard of
+ * this batch may touch. A HASHED page is withdrawn from the pool and left
+ * unprotected; a SHARED or ZERO one keeps its protection, and the next write,
+ * KVM's included (it maps the page for writing through the VMM's page tables),
+ * breaks it through the fault path as usual.
+ */
+static void vmm_dedup_pin_hv(struct vmm_dedup *dd)
+{
+	uint64_t gpa[VMM_HV_PAGES_MAX];
+	unsigned n;
+
+	if (!dd->m->vcpus.hv_pages)
+		return;
+	n = dd->m->vcpus.hv_pages(dd->m->vcpus.opaque, gpa, VMM_HV_PAGES_MAX);
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t page = gpa[i] / PROTO_PAGE_SIZE;
+
+		if (gpa[i] >= dd->m->size || (dd->state[page] & VMM_PG_PINNED))
+			continue;
+		dd->state[page] |= VMM_PG_PINNED;
+		dd->st.pages_pinned++;
+		log_debug("dedup: page %llu pinned: the hypervisor writes it",
+			  (unsigned long long)page);
+		if (vmm_dedup_state(dd, page) == VMM_PG_HASHED) {
+			vmm_dedup_send(dd, PROTO_OP_FORGET, page, NULL, 0, 0);
+			vmm_dedup_set_state(dd, page, VMM_PG_DIRTY);
+			vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE,
+				     PROTO_PAGE_SIZE, false, false);
+		}
+	}
+}
 
 /*
  * KVM guests: every vCPU out of KVM_RUN before pages are compared and
@@ -217,6 +252,7 @@ bool vmm_dedup_pause_vcpus(struct vmm_dedup *dd)
 		if (poll(&p, 1, 1) > 0)
 			vmm_dedup_faults(dd);
 	}
+	vmm_dedup_pin_hv(dd);
 	return true;
 }
 
@@ -247,7 +283,8 @@ static void vmm_dedup_discard_zero(struct vmm_dedup *dd, const uint64_t *pg, uns
 		for (unsigned k = i, z; k < j; k = z) {
 			uint8_t *p = dd->m->ram + pg[k] * PROTO_PAGE_SIZE;
 
-			for (z = k; z < j && util_page_is_zero(p + (uint64_t)(z - k) * PROTO_PAGE_SIZE); z++)
+			for (z = k; z < j && !(dd->state[pg[z]] & VMM_PG_PINNED) &&
+			     util_page_is_zero(p + (uint64_t)(z - k) * PROTO_PAGE_SIZE); z++)
 				;
 			if (z == k) {
 				z++; /* written meanwhile: left as it is, the sweep comes back */
@@ -315,7 +352,7 @@ static bool vmm_dedup_wants_hash(const struct vmm_dedup *dd, uint64_t page)
 {
 	enum vmm_pg s = vmm_dedup_state(dd, page);
 
-	return s == VMM_PG_NEW || s == VMM_PG_DIRTY;
+	return (s == VMM_PG_NEW || s == VMM_PG_DIRTY) && !(dd->state[page] & VMM_PG_PINNED);
 }
 
 static unsigned vmm_dedup_take_hints(struct vmm_dedup *dd, uint64_t *pg, unsigned max)
@@ -353,7 +390,7 @@ static unsigned vmm_dedup_take_dirty(struct vmm_dedup *dd, uint64_t *pg, unsigne
 		dd->dq_head = (dd->dq_head + 1) % dd->m->pages;
 		dd->dq_len--;
 		dd->state[page] &= (uint8_t)~VMM_PG_QUEUED;
-		if (vmm_dedup_state(dd, page) == VMM_PG_DIRTY)
+		if (vmm_dedup_wants_hash(dd, page))
 			pg[n++] = page;
 	}
 	return n;
@@ -409,6 +446,7 @@ static unsigned vmm_dedup_take_new(struct vmm_dedup *dd, uint64_t *pg, unsigned 
 		}
 		for (i = 0; i < cnt && n < max; i++)
 			if (vmm_dedup_state(dd, dd->sweep_pos + i) == VMM_PG_NEW &&
+			    !(dd->state[dd->sweep_pos + i] & VMM_PG_PINNED) &&
 			    (pm[i] & (PM_PRESENT | PM_SWAP)))
 				pg[n++] = dd->sweep_pos + i;
 		dd->sweep_pos += i;

@@ -30,6 +30,13 @@ enum vmm_pg {
  * hashed and offered like any other page.
  */
 #define VMM_PG_FILEVMA 0x40
+/*
+ * The hypervisor writes the page through its own mapping (kvm-clock and the
+ * other paravirtual areas: struct vmm_mem_vcpus.hv_pages). Write protection
+ * does not see those writes, so the page is never hashed, merged or discarded
+ * again; it stays private. Set for good, like VMM_PG_FILEVMA.
+ */
+#define VMM_PG_PINNED 0x20
 
 /* struct vmm_seg - a store segment we learned about */
 struct vmm_seg {

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <asm/kvm_para.h>
 #include <linux/kvm.h>
 #include <pthread.h>
 #include <signal.h>
@@ -69,6 +70,7 @@ struct vmm_vcpu {
 	struct kvm_run *run;    /* shared with KVM: exit details */
 	pthread_t thread;
 	bool started;           /* thread exists and must be joined */
+	uint64_t pv_gpa[2 * VMM_KVM_PV_MSRS]; /* first and last page of each PV area, read at park; 0 = none */
 };
 
 /* struct vmm_kvm - the VM */
@@ -362,11 +364,67 @@ static bool kvm_exit(struct vmm_vcpu *v)
 	return false;
 }
 
+/*
+ * KVM's paravirtual pages. The guest hands KVM a guest address through an MSR
+ * and KVM writes there itself: kvm-clock through a cached kernel mapping of
+ * the page, which neither write protection nor a remap can see (the plane
+ * would merge or discard bytes KVM has changed behind it, and the guest's
+ * clock stops). The plane therefore keeps these pages out of dedup; it learns
+ * them here, from each vCPU's MSRs read while the vCPU is parked, which is
+ * exactly when the plane merges. The feature bits below are masked out of
+ * CPUID so that the guest hands out no more such pages than its clock needs.
+ */
+static const struct { uint32_t index; uint32_t len; } kvm_pv_msrs[VMM_KVM_PV_MSRS] = {
+	{ MSR_KVM_WALL_CLOCK, 12 },      /* struct pvclock_wall_clock */
+	{ MSR_KVM_SYSTEM_TIME, 32 },     /* struct pvclock_vcpu_time_info */
+	{ MSR_KVM_WALL_CLOCK_NEW, 12 },
+	{ MSR_KVM_SYSTEM_TIME_NEW, 32 },
+	{ MSR_KVM_ASYNC_PF_EN, 64 },     /* struct kvm_vcpu_pv_apf_data */
+	{ MSR_KVM_STEAL_TIME, 64 },      /* struct kvm_steal_time */
+	{ MSR_KVM_PV_EOI_EN, 4 },
+};
+#define KVM_PV_FEATURES_OFF ((1u << KVM_FEATURE_ASYNC_PF) | (1u << KVM_FEATURE_STEAL_TIME) | \
+			     (1u << KVM_FEATURE_PV_EOI) | (1u << KVM_FEATURE_ASYNC_PF_VMEXIT) | \
+			     (1u << KVM_FEATURE_ASYNC_PF_INT))
+
+static void kvm_vcpu_pv_read(struct vmm_vcpu *v)
+{
+	struct { struct kvm_msrs hdr; struct kvm_msr_entry e[VMM_KVM_PV_MSRS]; } m;
+	int n;
+
+	memset(&m, 0, sizeof(m));
+	m.hdr.nmsrs = VMM_KVM_PV_MSRS;
+	for (unsigned i = 0; i < VMM_KVM_PV_MSRS; i++)
+		m.e[i].index = kvm_pv_msrs[i].index;
+	/* KVM_GET_MSRS stops at the first MSR it does not know: the rest count as unset */
+	n = ioctl(v->fd, KVM_GET_MSRS, &m);
+	for (int i = 0; i < VMM_KVM_PV_MSRS; i++) {
+		/* low bits are enable and option flags, never part of the (aligned) address */
+		uint64_t gpa = i < n ? m.e[i].data & ~0x3full : 0;
+
+		v->pv_gpa[2 * i] = gpa & ~0xfffull;
+		v->pv_gpa[2 * i + 1] = gpa ? (gpa + kvm_pv_msrs[i].len - 1) & ~0xfffull : 0;
+	}
+}
+
+unsigned vmm_kvm__hv_pages(void *opaque, uint64_t *gpa, unsigned max)
+{
+	struct vmm_kvm *k = opaque;
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < k->nvcpus; i++)
+		for (unsigned j = 0; j < 2 * VMM_KVM_PV_MSRS && k->vcpus[i].started; j++)
+			if (k->vcpus[i].pv_gpa[j] && n < max)
+				gpa[n++] = k->vcpus[i].pv_gpa[j];
+	return n;
+}
+
 /* Wait outside KVM_RUN until vmm_kvm__resume or the VM stops. */
 static void kvm_vcpu_park(struct vmm_vcpu *v)
 {
 	struct vmm_kvm *k = v->k;
 
+	kvm_vcpu_pv_read(v); /* before counting as parked: the plane reads pv_gpa then */
 	pthread_mutex_lock(&k->park_lock);
 	k->nparked++;
 	pthread_cond_broadcast(&k->park_cond);
@@ -496,6 +554,8 @@ static int kvm_vcpu_cpuid(struct vmm_kvm *k, struct vmm_vcpu *v)
 			e->ecx |= 1u << 31;
 		} else if (e->function == 0xb || e->function == 0x1f) {
 			kvm_cpuid_topology(e, v->id, k->nvcpus);
+		} else if (e->function == KVM_CPUID_FEATURES) {
+			e->eax &= ~KVM_PV_FEATURES_OFF;
 		}
 	}
 	if (ioctl(v->fd, KVM_SET_CPUID2, c))

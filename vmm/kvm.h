@@ -20,6 +20,7 @@ typedef void (*vmm_io_fn)(void *opaque, uint64_t offset, uint8_t *data, uint32_t
 /* Largest guest RAM: the MMIO hole (virtio-mmio, IOAPIC, LAPIC) starts at 3 GiB. */
 #define VMM_KVM_MEM_MAX (3ull << 30)
 #define VMM_KVM_VCPUS_MAX 64
+#define VMM_KVM_PV_MSRS   7  /* paravirtual MSRs that name a guest page KVM writes */
 
 /* How a VM ended, in order of precedence (the first non-running reason sticks). */
 enum vmm_kvm_end {
@@ -71,6 +72,13 @@ void vmm_kvm__stop(struct vmm_kvm *k);
 void vmm_kvm__pause(void *opaque);
 bool vmm_kvm__paused(void *opaque);
 void vmm_kvm__resume(void *opaque);
+/*
+ * Also for the plane, valid while paused: the guest pages KVM itself writes
+ * (kvm-clock and the other paravirtual areas the vCPUs' MSRs name), which must
+ * stay out of dedup. Fills up to max addresses, returns how many (duplicates
+ * possible).
+ */
+unsigned vmm_kvm__hv_pages(void *opaque, uint64_t *gpa, unsigned max);
 /* Stop, then close the vCPUs and the VM. NULL is fine. */
 void vmm_kvm__destroy(struct vmm_kvm *k);
 

@@ -455,7 +455,8 @@ static int vmm_kvm_build(struct vmm_vm *vm, struct vmm_opts *o, bool disk_ro,
 		return ret;
 	/* the plane stops the vCPUs around remaps; see struct vmm_mem_vcpus */
 	vmm_mem__set_vcpus(vm->mem, &(struct vmm_mem_vcpus){ .pause = vmm_kvm__pause,
-		.paused = vmm_kvm__paused, .resume = vmm_kvm__resume, .opaque = vm->kvm });
+		.paused = vmm_kvm__paused, .resume = vmm_kvm__resume,
+		.hv_pages = vmm_kvm__hv_pages, .opaque = vm->kvm });
 	ret = vmm_mem__start(vm->mem);
 	if (ret)
 		log_err("cannot start the memory plane (--dedup %s): %s", vmm_dedup_names[o->dedup],

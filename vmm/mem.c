@@ -255,4 +255,5 @@ void vmm_mem__stats_json(struct vmm_mem *m, struct json_object *obj)
 	json_object_object_add(obj, "pool_connected", json_object_new_boolean(st.pool_connected));
 	VMM_JSON_U64(obj, st, pool_reconnects);
 	VMM_JSON_U64(obj, st, pages_hinted);
+	VMM_JSON_U64(obj, st, pages_pinned);
 }

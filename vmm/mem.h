@@ -53,6 +53,7 @@ struct vmm_mem_stats {
 	uint64_t first_hash_ns;    /* CLOCK_MONOTONIC of the first hash, 0 if none */
 	uint64_t last_merge_ns;    /* CLOCK_MONOTONIC of the latest remap, 0 if none */
 	uint64_t pages_hinted;     /* pages reported filled by device reads (vmm_mem__hint) */
+	uint64_t pages_pinned;     /* kept out of dedup: the hypervisor writes them (hv_pages) */
 };
 
 /*
@@ -69,6 +70,12 @@ struct vmm_mem_vcpus {
 	void (*pause)(void *opaque);   /* ask every vCPU to leave KVM_RUN; must not wait */
 	bool (*paused)(void *opaque);  /* true once no vCPU is inside KVM_RUN */
 	void (*resume)(void *opaque);
+	/*
+	 * While paused: guest pages the hypervisor writes through its own mapping
+	 * (KVM's paravirtual areas). The plane never hashes, merges or discards
+	 * them again. Fills up to max addresses, returns how many. May be NULL.
+	 */
+	unsigned (*hv_pages)(void *opaque, uint64_t *gpa, unsigned max);
 	void *opaque;
 };
 

@@ -1,5 +1,6 @@
-/* t-plane.c: copy-on-write, zero pages, pool loss and the VMA budget, one mode per run. */
+/* t-plane.c: copy-on-write, zero pages, pool loss, the VMA budget and pinned pages, one mode per run. */
 #include <fcntl.h>
+#include <liburing.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,7 @@
 #include "tvmm.h"
 #include "util.h"
 
-/* Usage: t-vmm-plane cow|zero|poolkill|vma */
+/* Usage: t-vmm-plane cow|zero|zero-after-merge|poolkill|vma|pinned */
 
 #define T_MIB   8
 #define T_PAGES (T_MIB * 256)
@@ -191,6 +192,107 @@ static int t_poolkill(struct t_pool *pool, struct vmm_mem **m)
 	return T_PASS;
 }
 
+/*
+ * A page the hypervisor writes behind the plane's back, the way KVM writes
+ * kvm-clock: here io_uring writes into a registered (pinned) buffer, which
+ * write protection does not see either. The test's fake vCPUs name the page
+ * through hv_pages; the plane must neither discard it as zero nor merge it,
+ * or the write lands in a page the guest no longer maps.
+ */
+#define T_PIN_PAGE 3
+
+static void t_nop(void *opaque) { (void)opaque; }
+static bool t_true(void *opaque) { (void)opaque; return true; }
+
+static unsigned t_hv_pages(void *opaque, uint64_t *gpa, unsigned max)
+{
+	(void)opaque;
+	if (!max)
+		return 0;
+	gpa[0] = T_PIN_PAGE * PROTO_PAGE_SIZE + 100; /* any address inside the page */
+	return 1;
+}
+
+static int t_hv_write(struct io_uring *ring, uint8_t *page, int fd)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+	struct io_uring_cqe *cqe;
+	int ret;
+
+	io_uring_prep_read_fixed(sqe, fd, page, PROTO_PAGE_SIZE, 0, 0);
+	io_uring_submit(ring);
+	if (io_uring_wait_cqe(ring, &cqe))
+		return -1;
+	ret = cqe->res;
+	io_uring_cqe_seen(ring, cqe);
+	return ret;
+}
+
+static int t_pinned(struct t_pool *pool, struct vmm_mem **m)
+{
+	struct vmm_mem_vcpus fake = { .pause = t_nop, .paused = t_true, .resume = t_nop,
+				      .hv_pages = t_hv_pages };
+	uint8_t want[PROTO_PAGE_SIZE], *pin;
+	char path[] = "/tmp/t-pinned-XXXXXX";
+	struct io_uring ring;
+	struct iovec iov;
+	struct vmm_mem_stats st;
+	int fd, ret = T_FAIL;
+
+	(void)pool;
+	vmm_mem__destroy(m[0]);
+	m[0] = t_mem_cfg(pool, "pinned", T_MIB, false);
+	T_CHECK(m[0], "cannot create the guest");
+	vmm_mem__set_vcpus(m[0], &fake);
+	t_fill(m[0], WL_SHARED_RANDOM, 0, T_PAGES);
+	t_fill(m[1], WL_SHARED_RANDOM, 1, T_PAGES);
+	pin = vmm_mem__hva(m[0], GPA(T_PIN_PAGE * PROTO_PAGE_SIZE), PROTO_PAGE_SIZE);
+	memset(pin, 0, PROTO_PAGE_SIZE); /* populated and zero: the first thing the plane drops */
+	for (size_t i = 0; i < sizeof(want); i++)
+		want[i] = (uint8_t)(i * 7 + 1);
+	fd = mkstemp(path);
+	T_CHECK(fd >= 0 && write(fd, want, sizeof(want)) == sizeof(want), "temporary file");
+	unlink(path);
+	iov = (struct iovec){ .iov_base = pin, .iov_len = PROTO_PAGE_SIZE };
+	if (io_uring_queue_init(4, &ring, 0) || io_uring_register_buffers(&ring, &iov, 1)) {
+		printf("FAIL: io_uring with a registered buffer\n");
+		goto out_fd;
+	}
+	if (vmm_mem__start(m[0])) {
+		printf("FAIL: cannot start the plane\n");
+		goto out_ring;
+	}
+	t_wait_shared(m[0], T_PAGES - 1, 30);
+	if (t_hv_write(&ring, pin, fd) != PROTO_PAGE_SIZE) {
+		printf("FAIL: io_uring read into the registered buffer\n");
+		goto out_ring;
+	}
+	usleep(300000); /* time for the plane to act on the page if it were going to */
+	if (memcmp(pin, want, sizeof(want))) {
+		printf("FAIL: the hypervisor's write to page %d was lost\n", T_PIN_PAGE);
+		goto out_ring;
+	}
+	st = t_st(m[0]);
+	printf("pinned: shared %llu zero %llu pinned %llu\n", (unsigned long long)st.pages_shared,
+	       (unsigned long long)st.pages_zero, (unsigned long long)st.pages_pinned);
+	if (st.pages_shared < T_PAGES - 1 || st.pages_pinned != 1 || st.pages_zero) {
+		printf("FAIL: want %d pages merged, the hypervisor's page pinned, none discarded\n",
+		       T_PAGES - 1);
+		goto out_ring;
+	}
+	if (t_verify(m[0], WL_SHARED_RANDOM, 0, T_PIN_PAGE) ||
+	    t_verify(m[1], WL_SHARED_RANDOM, 1, T_PAGES)) {
+		printf("FAIL: other pages changed\n");
+		goto out_ring;
+	}
+	ret = T_PASS;
+out_ring:
+	io_uring_queue_exit(&ring);
+out_fd:
+	close(fd);
+	return ret;
+}
+
 static char t_old_max[32];
 
 static void t_restore_max(void)
@@ -318,6 +420,8 @@ int main(int argc, char **argv)
 		ret = t_poolkill(&pool, m);
 	else if (!strcmp(mode, "vma"))
 		ret = t_vma(&pool, m);
+	else if (!strcmp(mode, "pinned"))
+		ret = t_pinned(&pool, m);
 	if (!ret)
 		printf("PASS\n");
 out:
