@@ -17,6 +17,10 @@ finish() {
 	say "$fails check(s) failed"; exit 1
 }
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
+# deadline SECONDS / before DEADLINE: waits count the clock, not loop turns (under TCG a
+# turn of grep and sleep can take far longer than its 0.1 s)
+deadline() { echo $(($(cut -d. -f1 /proc/uptime) + $1)); }
+before() { [ "$(cut -d. -f1 /proc/uptime)" -lt "$1" ]; }
 
 start_pool() {
 	pvisor-pool --socket "$POOL_SOCK" --log-level warn >/tmp/pool.log 2>&1 &
@@ -43,21 +47,21 @@ vm_pid() { eval "echo \$VM_$1"; }
 
 # wait_line FILE PATTERN SECONDS: wait until FILE has a line matching PATTERN; prints it.
 wait_line() {
-	local i=0 max=$(($3 * 10))
-	while [ $i -lt $max ]; do
+	local end=$(deadline $3)
+	while before $end; do
 		if grep -q -- "$2" "$1" 2>/dev/null; then grep -- "$2" "$1" | tail -1; return 0; fi
-		sleep 0.1; i=$((i + 1))
+		sleep 0.1
 	done
 	return 1
 }
 # pvg_event NAME EVENT SECONDS [NTH]: the NTH (default last) `PVG {...}` line of an event.
 pvg_event() {
-	local i=0 max=$(($3 * 10)) nth=${4:-1}
-	while [ $i -lt $max ]; do
+	local end=$(deadline $3) nth=${4:-1}
+	while before $end; do
 		if [ "$(grep -c "^PVG .*\"event\":\"$2\"" /tmp/$1.out 2>/dev/null)" -ge "$nth" ]; then
 			grep "^PVG .*\"event\":\"$2\"" /tmp/$1.out | sed -n "${nth}p"; return 0
 		fi
-		sleep 0.1; i=$((i + 1))
+		sleep 0.1
 	done
 	return 1
 }
@@ -68,9 +72,23 @@ json_field() {
 }
 # wait_exit NAME SECONDS: wait for the VM's process; sets RC (124 on timeout, then killed).
 wait_exit() {
-	local pid=$(vm_pid $1) i=0 max=$(($2 * 10))
-	while kill -0 $pid 2>/dev/null && [ $i -lt $max ]; do sleep 0.1; i=$((i + 1)); done
+	local pid=$(vm_pid $1) end=$(deadline $2)
+	while kill -0 $pid 2>/dev/null && before $end; do sleep 0.1; done
 	if kill -0 $pid 2>/dev/null; then kill -9 $pid; wait $pid; RC=124; return; fi
 	wait $pid; RC=$?
+}
+# wait_ready NAME SECONDS: pvg_event NAME ready, with a progress line every 20 s (the
+# console's last line and the plane's counters) so a slow boot shows where it is.
+wait_ready() {
+	local waited=0 step
+	while [ $waited -lt $2 ]; do
+		step=20; [ $((waited + step)) -gt $2 ] && step=$(($2 - waited))
+		pvg_event $1 ready $step && return 0
+		waited=$((waited + step))
+		local st=$(pvisor ctl --api-sock /run/$1.api stats 2>/dev/null)
+		say >&2 "$1 after ${waited} s: console '$(tail -n 1 /tmp/$1.out | tr -d '\r' | cut -c1-100)'"
+		say >&2 "$1 plane: wp_faults $(json_field "$st" wp_faults) merges $(json_field "$st" merges) pages_shared $(json_field "$st" pages_shared) pinned $(json_field "$st" pages_pinned) zero $(json_field "$st" pages_zero)"
+	done
+	return 1
 }
 dump_vm() { say "--- $1 console (tail)"; tail -n ${2:-25} /tmp/$1.out; say "--- $1 log"; tail -n 15 /tmp/$1.err; }

@@ -22,7 +22,7 @@ start_pool
 start_vm vm0 --mem 192M --pool $POOL_SOCK --dedup physical --cmdline "$args pvg.instance=0"
 start_vm vm1 --mem 192M --pool $POOL_SOCK --dedup physical --cmdline "$args pvg.instance=1"
 for v in vm0 vm1; do
-	line=$(pvg_event $v ready 240) || { fail "$v never reported ready"; dump_vm $v 40; finish; }
+	line=$(wait_ready $v 240) || { fail "$v never reported ready"; dump_vm $v 40; finish; }
 	say "$v: $line"
 	check "$v: readback digest right" [ "$(json_field "$line" digest)" = "$want" ]
 	check "$v: 0 pages mismatched" [ "$(json_field "$line" verify_mismatched)" = 0 ]
