@@ -58,6 +58,7 @@ struct vmm_blk_req {
 	uint64_t done;              /* bytes transferred so far (short transfers resubmit) */
 	unsigned niov;              /* entries in iov[] and hint[] */
 	unsigned iov_first;         /* first iov not fully transferred yet */
+	bool dma;                   /* hint[] ranges are announced with vmm_mem__dma_begin */
 	struct iovec iov[VMM_BLK_SEG_MAX];     /* data buffers (host addresses into guest RAM) */
 	struct { gpa_t gpa; uint64_t len; } hint[VMM_BLK_SEG_MAX];  /* same, as guest ranges */
 };
@@ -263,6 +264,10 @@ static int vmm_blk_prep(struct vmm_blk *b, struct vmm_blk_req *r)
 /* Finish a request (lock held): status byte, hints, used ring, slot back. */
 static void vmm_blk_finish(struct vmm_blk *b, struct vmm_blk_req *r, uint8_t st, uint32_t used)
 {
+	if (r->dma)
+		for (unsigned i = 0; i < r->niov; i++)
+			vmm_mem__dma_end(b->mem, r->hint[i].gpa, r->hint[i].len);
+	r->dma = false;
 	if (r->gen == b->gen) {
 		*r->status = st;
 		if (st == VIRTIO_BLK_S_OK && r->type == VIRTIO_BLK_T_IN)
@@ -279,6 +284,7 @@ static void vmm_blk_process(struct vmm_blk *b)
 	struct vmm_virtq_chain *c = &b->chain;
 
 	pthread_mutex_lock(&b->v.lock);
+	vmm_mem__dev_enter(b->mem); /* GET_ID, status bytes and the used ring are written here */
 	while (b->nfree && vmm_virtq__pop(&b->v, 0, c) > 0) {
 		const struct vmm_virtq_seg *s = &c->seg[c->nseg - 1];
 		struct vmm_blk_req *r = &b->req[b->free_slot[--b->nfree]];
@@ -295,7 +301,14 @@ static void vmm_blk_process(struct vmm_blk *b)
 		r->status = (uint8_t *)s->hva + s->len - 1;
 		r->done = 0;
 		r->iov_first = 0;
+		r->dma = false;
 		st = vmm_blk_parse(b, c, r, &used);
+		if (st < 0 && r->type == VIRTIO_BLK_T_IN) {
+			/* the read lands in guest RAM behind the plane's back until it completes */
+			for (unsigned i = 0; i < r->niov; i++)
+				vmm_mem__dma_begin(b->mem, r->hint[i].gpa, r->hint[i].len);
+			r->dma = true;
+		}
 		if (st < 0 && vmm_blk_prep(b, r) < 0)
 			st = VIRTIO_BLK_S_IOERR;
 		if (st >= 0)
@@ -303,6 +316,7 @@ static void vmm_blk_process(struct vmm_blk *b)
 		else
 			b->inflight++;
 	}
+	vmm_mem__dev_leave(b->mem);
 	pthread_mutex_unlock(&b->v.lock);
 }
 
@@ -346,7 +360,9 @@ static void vmm_blk_complete(struct vmm_blk *b, struct vmm_blk_req *r, int res)
 			used += r->total > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)r->total;
 	}
 	pthread_mutex_lock(&b->v.lock);
+	vmm_mem__dev_enter(b->mem);
 	vmm_blk_finish(b, r, st, used);
+	vmm_mem__dev_leave(b->mem);
 	if (!--b->inflight)
 		pthread_cond_broadcast(&b->idle);
 	pthread_mutex_unlock(&b->v.lock);

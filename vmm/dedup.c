@@ -132,15 +132,15 @@ static void vmm_dedup_copy_out(struct vmm_dedup *dd, uint64_t page)
 		__atomic_fetch_add(p, 0, __ATOMIC_SEQ_CST); /* older kernels: a write that changes nothing */
 }
 
-static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
+/*
+ * Page @page was written: withdraw its offer, give back its slot, queue it to
+ * be hashed again. @copied: the writer's private copy exists already (the
+ * kernel copied on write for KVM or a device); otherwise take it here first.
+ */
+void vmm_dedup_written(struct vmm_dedup *dd, uint64_t page, bool copied)
 {
-	uint64_t base = (uint64_t)(uintptr_t)dd->m->ram, page, ref;
+	uint64_t ref = dd->ref[page];
 
-	if (addr < base || addr - base >= dd->m->size)
-		return;
-	page = (addr - base) / PROTO_PAGE_SIZE;
-	dd->st.wp_faults++;
-	ref = dd->ref[page];
 	switch (vmm_dedup_state(dd, page)) {
 	case VMM_PG_HASHED:
 		vmm_dedup_send(dd, PROTO_OP_FORGET, page, NULL, 0, 0);
@@ -148,14 +148,16 @@ static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
 		break;
 	case VMM_PG_SHARED:
 		dd->st.cow_breaks++;
-		vmm_dedup_copy_out(dd, page);
+		if (!copied)
+			vmm_dedup_copy_out(dd, page);
 		vmm_dedup_send(dd, PROTO_OP_DROP, page, NULL, (uint32_t)(ref / dd->pool.seg_pages),
 			       (uint32_t)(ref % dd->pool.seg_pages));
 		vmm_dedup_mark_dirty(dd, page);
 		break;
 	case VMM_PG_ORPHAN:
 		dd->st.cow_breaks++;
-		vmm_dedup_copy_out(dd, page);
+		if (!copied)
+			vmm_dedup_copy_out(dd, page);
 		vmm_dedup_mark_dirty(dd, page);
 		break;
 	case VMM_PG_ZERO:
@@ -164,7 +166,18 @@ static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
 	default:
 		break; /* NEW or already DIRTY: nothing to undo */
 	}
-	vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE, false, true);
+}
+
+static void vmm_dedup_fault(struct vmm_dedup *dd, uint64_t addr)
+{
+	uint64_t base = (uint64_t)(uintptr_t)dd->m->ram, page;
+
+	if (addr < base || addr - base >= dd->m->size)
+		return;
+	page = (addr - base) / PROTO_PAGE_SIZE;
+	dd->st.wp_faults++;
+	vmm_dedup_written(dd, page, false);
+	vmm_track_unprotect(dd, page, true);
 }
 
 void vmm_dedup_faults(struct vmm_dedup *dd)
@@ -172,6 +185,8 @@ void vmm_dedup_faults(struct vmm_dedup *dd)
 	struct uffd_msg msg[64];
 	ssize_t n;
 
+	if (dd->uffd < 0)
+		return; /* KVM dirty log: nothing faults to us */
 	while ((n = read(dd->uffd, msg, sizeof(msg))) > 0) {
 		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msg[0]); i++) {
 			uint64_t addr = msg[i].arg.pagefault.address & ~(uint64_t)(PROTO_PAGE_SIZE - 1);
@@ -219,8 +234,7 @@ static void vmm_dedup_pin_hv(struct vmm_dedup *dd)
 		if (vmm_dedup_state(dd, page) == VMM_PG_HASHED) {
 			vmm_dedup_send(dd, PROTO_OP_FORGET, page, NULL, 0, 0);
 			vmm_dedup_set_state(dd, page, VMM_PG_DIRTY);
-			vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE,
-				     PROTO_PAGE_SIZE, false, false);
+			vmm_track_unprotect(dd, page, false);
 		}
 	}
 }
@@ -252,12 +266,16 @@ bool vmm_dedup_pause_vcpus(struct vmm_dedup *dd)
 		if (poll(&p, 1, 1) > 0)
 			vmm_dedup_faults(dd);
 	}
+	/* from here to resume: no vCPU runs, no device write starts or ends */
+	vmm_track_hold(dd);
 	vmm_dedup_pin_hv(dd);
+	vmm_track_harvest(dd, true);
 	return true;
 }
 
 void vmm_dedup_resume_vcpus(struct vmm_dedup *dd)
 {
+	vmm_track_release(dd);
 	if (dd->m->vcpus.resume)
 		dd->m->vcpus.resume(dd->m->vcpus.opaque);
 }
@@ -268,22 +286,21 @@ static void vmm_dedup_discard_zero(struct vmm_dedup *dd, const uint64_t *pg, uns
 		return; /* not discarded: the pages stay protected as NEW, the sweep comes back */
 	for (unsigned i = 0; i < n;) {
 		unsigned j = i + 1;
-		uint8_t *addr = dd->m->ram + pg[i] * PROTO_PAGE_SIZE;
-		uint64_t len;
 
 		while (j < n && pg[j] == pg[j - 1] + 1)
 			j++;
-		len = (uint64_t)(j - i) * PROTO_PAGE_SIZE;
 		/*
 		 * Protect again: a fault served while the vCPUs were stopping unprotected
 		 * its page. With the vCPUs parked and host writers held by the
-		 * protection, a page still zero now is zero when it goes.
+		 * protection (or by dev_lock and the in-flight list, see track.c), a
+		 * page still zero now is zero when it goes.
 		 */
-		vmm_uffd__wp(dd->uffd, addr, len, true, false);
+		vmm_track_protect_run(dd, pg[i], j - i);
 		for (unsigned k = i, z; k < j; k = z) {
 			uint8_t *p = dd->m->ram + pg[k] * PROTO_PAGE_SIZE;
 
 			for (z = k; z < j && !(dd->state[pg[z]] & VMM_PG_PINNED) &&
+			     !(dd->kvm_dirty && vmm_track_dma_busy(dd, pg[z])) &&
 			     util_page_is_zero(p + (uint64_t)(z - k) * PROTO_PAGE_SIZE); z++)
 				;
 			if (z == k) {
@@ -292,8 +309,8 @@ static void vmm_dedup_discard_zero(struct vmm_dedup *dd, const uint64_t *pg, uns
 			}
 			if (madvise(p, (uint64_t)(z - k) * PROTO_PAGE_SIZE, MADV_DONTNEED))
 				continue;
-			/* with WP_UNPOPULATED this leaves a marker: the next write is tracked */
-			vmm_uffd__wp(dd->uffd, p, (uint64_t)(z - k) * PROTO_PAGE_SIZE, true, false);
+			/* with WP_UNPOPULATED (or a dirty log) the next write is tracked */
+			vmm_track_protect_run(dd, pg[k], z - k);
 			for (unsigned q = k; q < z; q++) {
 				vmm_dedup_set_state(dd, pg[q], VMM_PG_ZERO);
 				vmm_dedup_send(dd, PROTO_OP_ZERO, pg[q], NULL, 0, 0);
@@ -312,15 +329,7 @@ static void vmm_dedup_hash_pages(struct vmm_dedup *dd, const uint64_t *pg, unsig
 	unsigned nzero = 0;
 	uint32_t now_us = vmm_dedup_now_us(dd);
 
-	for (unsigned i = 0; i < n;) {
-		unsigned j = i + 1;
-
-		while (j < n && pg[j] == pg[j - 1] + 1)
-			j++;
-		vmm_uffd__wp(dd->uffd, dd->m->ram + pg[i] * PROTO_PAGE_SIZE,
-			     (uint64_t)(j - i) * PROTO_PAGE_SIZE, true, false);
-		i = j;
-	}
+	vmm_track_protect(dd, pg, n);
 	if (!dd->st.first_hash_ns)
 		dd->st.first_hash_ns = t;
 	for (unsigned i = 0; i < n; i++) {
@@ -617,6 +626,8 @@ static int vmm_dedup_timeout(struct vmm_dedup *dd, uint64_t now, bool busy)
 	} else if (dd->reconnect_at_ns < wake) {
 		wake = dd->reconnect_at_ns;
 	}
+	if (dd->kvm_dirty && dd->harvest_at_ns < wake)
+		wake = dd->harvest_at_ns; /* COW breaks reach the pool promptly */
 	if (wake > now && wake < dd->throttle_until_ns && (busy || dd->nhints))
 		wake = dd->throttle_until_ns;
 	return wake <= now ? 0 : (int)((wake - now + 999999) / 1000000);
@@ -642,6 +653,7 @@ static void *vmm_dedup_main(void *arg)
 		if (pfd[1].revents && read(dd->ctl_efd, &v, sizeof(v)) < 0)
 			log_debug("dedup: control eventfd: %s", strerror(errno));
 		vmm_dedup_faults(dd);
+		vmm_track_harvest(dd, false);
 		if (vmm_pool__up(&dd->pool))
 			vmm_dedup_check_sock(dd, pfd[2].revents);
 		if (vmm_pool__up(&dd->pool)) {
@@ -709,6 +721,9 @@ static void vmm_dedup_free(struct vmm_dedup *dd)
 	vmm_merge__fini(dd);
 	vmm_pool__close(&dd->pool);
 	pthread_mutex_destroy(&dd->hint_lock);
+	pthread_mutex_destroy(&dd->dma_lock);
+	pthread_mutex_destroy(&dd->dev_lock);
+	vmm_track_free(dd);
 	free(dd->hints);
 	free(dd->dq);
 	free(dd->ref);
@@ -726,6 +741,8 @@ int vmm_dedup__create(struct vmm_mem *m, struct vmm_dedup **out)
 	dd->m = m;
 	dd->uffd = dd->ctl_efd = dd->pagemap_fd = -1;
 	pthread_mutex_init(&dd->hint_lock, NULL);
+	pthread_mutex_init(&dd->dma_lock, NULL);
+	pthread_mutex_init(&dd->dev_lock, NULL);
 	vmm_pool__init(&dd->pool);
 	dd->t0_ns = util_now_ns();
 	dd->count[VMM_PG_NEW] = m->pages;
@@ -766,8 +783,11 @@ err:
 
 int vmm_dedup__start(struct vmm_dedup *dd)
 {
-	int ret = pthread_create(&dd->thread, NULL, vmm_dedup_main, dd);
+	int ret = vmm_track_start(dd);
 
+	if (ret)
+		return ret;
+	ret = pthread_create(&dd->thread, NULL, vmm_dedup_main, dd);
 	if (ret)
 		return -ret;
 	pthread_setname_np(dd->thread, "dedup");

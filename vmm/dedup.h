@@ -104,6 +104,19 @@ struct vmm_dedup {
 	uint64_t cpu_mark_ns;         /* thread CPU at the last throttle decision */
 	uint64_t merge_ns_sum;        /* for merge_ns_avg */
 	struct vmm_mem_stats st;      /* the thread's own counters */
+	/* write tracking (track.c) */
+	bool kvm_dirty;               /* vCPU writes come from KVM's dirty log: no uffd at all */
+	uint64_t *dirty_bm;           /* KVM_GET_DIRTY_LOG copy, one bit per page */
+	uint64_t *clear_bm;           /* scratch bitmap for KVM_CLEAR_DIRTY_LOG */
+	uint64_t harvest_at_ns;       /* next periodic read of the dirty log */
+	pthread_mutex_t dev_lock;     /* devices writing guest RAM (vmm_mem__dev_enter); the
+				       * plane holds it across a batch, then dma_lock */
+	pthread_mutex_t dma_lock;     /* the lists below; held by the plane across a batch */
+	uint64_t (*dma)[2];           /* device writes in flight: (first page, count) */
+	uint32_t ndma, dma_cap;
+	uint64_t (*dma_done)[2];      /* device writes finished since the last harvest */
+	uint32_t ndone, done_cap;
+	bool dma_held;                /* the plane holds dma_lock (inside a paused batch) */
 };
 
 /* dedup.c */
@@ -154,6 +167,21 @@ struct vmm_mem {
 	uint64_t pages_hinted;        /* atomic; any mode: the dedup thread never sees off/ksm */
 	struct vmm_mem_vcpus vcpus;   /* KVM guests: paused around remaps; .pause NULL otherwise */
 };
+
+/* track.c: how the plane learns of writes (see the DOC there). */
+int vmm_track_start(struct vmm_dedup *dd);
+void vmm_track_free(struct vmm_dedup *dd);
+void vmm_track_protect(struct vmm_dedup *dd, const uint64_t *pg, unsigned n);
+void vmm_track_protect_run(struct vmm_dedup *dd, uint64_t first, uint64_t n);
+void vmm_track_unprotect(struct vmm_dedup *dd, uint64_t page, bool wake);
+void vmm_track_harvest(struct vmm_dedup *dd, bool force);
+void vmm_track_hold(struct vmm_dedup *dd);
+void vmm_track_release(struct vmm_dedup *dd);
+bool vmm_track_dma_busy(const struct vmm_dedup *dd, uint64_t page);
+void vmm_track__dma_begin(struct vmm_dedup *dd, uint64_t first, uint64_t n);
+void vmm_track__dma_end(struct vmm_dedup *dd, uint64_t first, uint64_t n);
+/* dedup.c: the page was written (fault, dirty log or device): undo its sharing. */
+void vmm_dedup_written(struct vmm_dedup *dd, uint64_t page, bool copied);
 
 /* Set up the client (uffd, page table); the thread starts in vmm_dedup__start. */
 int vmm_dedup__create(struct vmm_mem *m, struct vmm_dedup **out);

@@ -78,6 +78,7 @@ struct vmm_kvm {
 	int sys_fd;             /* /dev/kvm */
 	int vm_fd;
 	int stop_fd;            /* eventfd written when the guest ends */
+	bool dirty_log;         /* guest RAM's memslot keeps a dirty log (manual protect) */
 	struct vmm_mem *mem;
 	size_t run_size;        /* bytes of each vCPU's kvm_run mapping */
 	struct kvm_cpuid2 *cpuid; /* KVM_GET_SUPPORTED_CPUID, patched per vCPU */
@@ -665,6 +666,25 @@ static int kvm_get_cpuid(struct vmm_kvm *k)
 	return -E2BIG;
 }
 
+int vmm_kvm__dirty_get(void *opaque, uint64_t *bitmap)
+{
+	struct vmm_kvm *k = opaque;
+	struct kvm_dirty_log log = { .slot = 0, .dirty_bitmap = bitmap };
+
+	return ioctl(k->vm_fd, KVM_GET_DIRTY_LOG, &log) ? -errno : 0;
+}
+
+int vmm_kvm__dirty_clear(void *opaque, uint64_t first, uint64_t n, uint64_t *bits)
+{
+	struct vmm_kvm *k = opaque;
+	struct kvm_clear_dirty_log log = { .slot = 0, .num_pages = (uint32_t)n,
+					   .first_page = first, .dirty_bitmap = bits };
+
+	if (n > UINT32_MAX)
+		return -EINVAL;
+	return ioctl(k->vm_fd, KVM_CLEAR_DIRTY_LOG, &log) ? -errno : 0;
+}
+
 /* VM-wide state: TSS and identity map (Intel needs them), irqchip, PIT, RAM. */
 static int kvm_vm_setup(struct vmm_kvm *k)
 {
@@ -689,6 +709,16 @@ static int kvm_vm_setup(struct vmm_kvm *k)
 	what = "KVM_CREATE_PIT2";
 	if (ioctl(k->vm_fd, KVM_CREATE_PIT2, &pit))
 		goto err;
+	if (k->dirty_log) {
+		/* manual protect, all set: nothing is write-protected until the plane asks */
+		struct kvm_enable_cap cap = { .cap = KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+			.args = { KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE | KVM_DIRTY_LOG_INITIALLY_SET } };
+
+		what = "KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2)";
+		if (ioctl(k->vm_fd, KVM_ENABLE_CAP, &cap))
+			goto err;
+		slot.flags = KVM_MEM_LOG_DIRTY_PAGES;
+	}
 	what = "KVM_SET_USER_MEMORY_REGION";
 	errno = EFAULT;
 	if (!slot.userspace_addr || ioctl(k->vm_fd, KVM_SET_USER_MEMORY_REGION, &slot))
@@ -747,6 +777,7 @@ int vmm_kvm__create(struct vmm_kvm **out, const struct vmm_kvm_cfg *cfg)
 	k->sys_fd = k->vm_fd = -1;
 	k->mem = cfg->mem;
 	k->stop_fd = cfg->stop_fd;
+	k->dirty_log = cfg->dirty_log;
 	pthread_mutex_init(&k->park_lock, NULL);
 	pthread_cond_init(&k->park_cond, NULL);
 	for (unsigned i = 0; i < VMM_KVM_VCPUS_MAX; i++)

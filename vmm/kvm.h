@@ -36,6 +36,7 @@ struct vmm_kvm_cfg {
 	struct vmm_mem *mem;  /* guest RAM, gpa 0..size, size <= VMM_KVM_MEM_MAX */
 	unsigned vcpus;       /* 1..VMM_KVM_VCPUS_MAX */
 	int stop_fd;          /* eventfd written once when the guest ends (any reason) */
+	bool dirty_log;       /* keep KVM's dirty log of guest RAM (vmm_kvm__dirty_*) */
 };
 
 /*
@@ -79,6 +80,16 @@ void vmm_kvm__resume(void *opaque);
  * possible).
  */
 unsigned vmm_kvm__hv_pages(void *opaque, uint64_t *gpa, unsigned max);
+/*
+ * KVM's dirty log of guest RAM (cfg.dirty_log), in manual-protect mode with
+ * every page initially dirty: _get copies one bit per page (pages / 64 words)
+ * and clears nothing; _clear clears the bits set in @bits for pages
+ * [first, first + n) and write-protects those pages again, so that their next
+ * vCPU write sets the bit. first is a multiple of 64; n is too, or reaches the
+ * end of RAM. Any thread; 0 or -errno.
+ */
+int vmm_kvm__dirty_get(void *opaque, uint64_t *bitmap);
+int vmm_kvm__dirty_clear(void *opaque, uint64_t first, uint64_t n, uint64_t *bits);
 /* Stop, then close the vCPUs and the VM. NULL is fine. */
 void vmm_kvm__destroy(struct vmm_kvm *k);
 

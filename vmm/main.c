@@ -425,7 +425,9 @@ static int vmm_kvm_build(struct vmm_vm *vm, struct vmm_opts *o, bool disk_ro,
 	struct vmm_mem_cfg mcfg = { .size = o->mem, .dedup = o->dedup, .pool_path = o->pool,
 				    .domain = o->domain, .name = o->name,
 				    .cpu_pct = (unsigned)o->dedup_cpu };
-	struct vmm_kvm_cfg kcfg = { .vcpus = (unsigned)o->vcpus, .stop_fd = vm->stop_fd };
+	/* physical dedup tracks vCPU writes with KVM's dirty log (see track.c) */
+	struct vmm_kvm_cfg kcfg = { .vcpus = (unsigned)o->vcpus, .stop_fd = vm->stop_fd,
+				    .dirty_log = o->dedup == VMM_DEDUP_PHYSICAL };
 	static char cmdline[VMM_BOOT_CMDLINE_MAX];
 	struct vmm_acpi_mmio virtio[1];
 	struct vmm_acpi_cfg acfg = { .vcpus = (unsigned)o->vcpus, .virtio = virtio, .com1 = true };
@@ -456,7 +458,8 @@ static int vmm_kvm_build(struct vmm_vm *vm, struct vmm_opts *o, bool disk_ro,
 	/* the plane stops the vCPUs around remaps; see struct vmm_mem_vcpus */
 	vmm_mem__set_vcpus(vm->mem, &(struct vmm_mem_vcpus){ .pause = vmm_kvm__pause,
 		.paused = vmm_kvm__paused, .resume = vmm_kvm__resume,
-		.hv_pages = vmm_kvm__hv_pages, .opaque = vm->kvm });
+		.hv_pages = vmm_kvm__hv_pages, .dirty_get = vmm_kvm__dirty_get,
+		.dirty_clear = vmm_kvm__dirty_clear, .opaque = vm->kvm });
 	ret = vmm_mem__start(vm->mem);
 	if (ret)
 		log_err("cannot start the memory plane (--dedup %s): %s", vmm_dedup_names[o->dedup],

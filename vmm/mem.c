@@ -198,6 +198,47 @@ void vmm_mem__hint(struct vmm_mem *m, gpa_t gpa, uint64_t len)
 		vmm_dedup__hint(m->dd, first, last - first + 1);
 }
 
+/* Clip [gpa, gpa+len) to guest RAM as pages; false if nothing is left. */
+static bool vmm_mem_pages(const struct vmm_mem *m, gpa_t gpa, uint64_t len, uint64_t *first,
+			  uint64_t *n)
+{
+	if (!len || gpa.v >= m->size)
+		return false;
+	if (len > m->size - gpa.v)
+		len = m->size - gpa.v;
+	*first = gpa.v / PROTO_PAGE_SIZE;
+	*n = (gpa.v + len - 1) / PROTO_PAGE_SIZE - *first + 1;
+	return true;
+}
+
+void vmm_mem__dma_begin(struct vmm_mem *m, gpa_t gpa, uint64_t len)
+{
+	uint64_t first, n;
+
+	if (m->dd && vmm_mem_pages(m, gpa, len, &first, &n))
+		vmm_track__dma_begin(m->dd, first, n);
+}
+
+void vmm_mem__dev_enter(struct vmm_mem *m)
+{
+	if (m->dd)
+		pthread_mutex_lock(&m->dd->dev_lock);
+}
+
+void vmm_mem__dev_leave(struct vmm_mem *m)
+{
+	if (m->dd)
+		pthread_mutex_unlock(&m->dd->dev_lock);
+}
+
+void vmm_mem__dma_end(struct vmm_mem *m, gpa_t gpa, uint64_t len)
+{
+	uint64_t first, n;
+
+	if (m->dd && vmm_mem_pages(m, gpa, len, &first, &n))
+		vmm_track__dma_end(m->dd, first, n);
+}
+
 /* KSM keeps its own per-process count of merged pages. */
 static void vmm_mem_ksm_stats(struct vmm_mem_stats *out)
 {

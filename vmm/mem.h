@@ -76,6 +76,16 @@ struct vmm_mem_vcpus {
 	 * them again. Fills up to max addresses, returns how many. May be NULL.
 	 */
 	unsigned (*hv_pages)(void *opaque, uint64_t *gpa, unsigned max);
+	/*
+	 * KVM's dirty log of guest RAM (vmm_kvm__dirty_get/_clear), or NULL. With
+	 * it the plane learns of vCPU writes from the log instead of write faults:
+	 * no vCPU ever sleeps in a userfaultfd fault, KVM handles its
+	 * write-protection faults itself, and a write to a shared page is copied
+	 * on write by the kernel. Host threads then report their writes with
+	 * vmm_mem__dma_begin/_end.
+	 */
+	int (*dirty_get)(void *opaque, uint64_t *bitmap);
+	int (*dirty_clear)(void *opaque, uint64_t first, uint64_t n, uint64_t *bits);
 	void *opaque;
 };
 
@@ -94,6 +104,23 @@ void *vmm_mem__hva(struct vmm_mem *m, gpa_t gpa, uint64_t len);
 
 /* Pages [gpa, gpa+len) were just filled by a file read: hash them first. */
 void vmm_mem__hint(struct vmm_mem *m, gpa_t gpa, uint64_t len);
+/*
+ * A host thread (a device) is about to write [gpa, gpa+len) of guest RAM, and
+ * has finished. Between the two the plane neither merges nor discards those
+ * pages; after _end it treats them as written. Needed when the plane tracks
+ * writes with KVM's dirty log, which sees only vCPU writes; harmless
+ * otherwise. _begin may wait for a merge batch to finish (milliseconds).
+ */
+void vmm_mem__dma_begin(struct vmm_mem *m, gpa_t gpa, uint64_t len);
+void vmm_mem__dma_end(struct vmm_mem *m, gpa_t gpa, uint64_t len);
+/*
+ * A device writes guest RAM itself between these (status bytes, used rings,
+ * small copies): no batch of merges or discards runs meanwhile, so such a
+ * write never lands in a page being replaced. Do not nest; _dma_begin/_end
+ * may be called inside.
+ */
+void vmm_mem__dev_enter(struct vmm_mem *m);
+void vmm_mem__dev_leave(struct vmm_mem *m);
 
 void vmm_mem__stats(struct vmm_mem *m, struct vmm_mem_stats *out);
 /* Add the stats as members of a json-c object. */
