@@ -795,16 +795,22 @@ int vmm_dedup__start(struct vmm_dedup *dd)
 	return 0;
 }
 
-void vmm_dedup__destroy(struct vmm_dedup *dd)
+void vmm_dedup__stop(struct vmm_dedup *dd)
 {
 	uint64_t one = 1;
 
-	if (dd->thread_started) {
-		__atomic_store_n(&dd->stop, true, __ATOMIC_RELEASE);
-		if (write(dd->ctl_efd, &one, sizeof(one)) < 0)
-			log_debug("dedup: stop doorbell: %s", strerror(errno));
-		pthread_join(dd->thread, NULL);
-	}
+	if (!dd->thread_started)
+		return;
+	__atomic_store_n(&dd->stop, true, __ATOMIC_RELEASE);
+	if (write(dd->ctl_efd, &one, sizeof(one)) < 0)
+		log_debug("dedup: stop doorbell: %s", strerror(errno));
+	pthread_join(dd->thread, NULL);
+	dd->thread_started = false;
+}
+
+void vmm_dedup__destroy(struct vmm_dedup *dd)
+{
+	vmm_dedup__stop(dd);
 	vmm_dedup_free(dd);
 }
 

@@ -186,6 +186,8 @@ void vmm_dedup_written(struct vmm_dedup *dd, uint64_t page, bool copied);
 /* Set up the client (uffd, page table); the thread starts in vmm_dedup__start. */
 int vmm_dedup__create(struct vmm_mem *m, struct vmm_dedup **out);
 int vmm_dedup__start(struct vmm_dedup *dd);
+/* Stop and join the thread; the guest keeps every byte and mapping. Idempotent. */
+void vmm_dedup__stop(struct vmm_dedup *dd);
 /* Stop and join the thread, wake every blocked writer, free everything. */
 void vmm_dedup__destroy(struct vmm_dedup *dd);
 /* Queue [first, first+n) for hashing ahead of everything else (any thread). */

@@ -490,6 +490,7 @@ static int vmm_kvm_api(struct vmm_vm *vm, struct vmm_opts *o)
 static void vmm_kvm_teardown(struct vmm_vm *vm)
 {
 	vmm_kvm__stop(vm->kvm);
+	vmm_mem__stop(vm->mem); /* its thread calls into the VM (pause, dirty log) */
 	vmm_api__stop(vm->api);
 	vmm_blk__destroy(vm->blk);
 	vmm_serial__destroy(vm->serial);

@@ -162,6 +162,12 @@ int vmm_mem__start(struct vmm_mem *m)
 	return ret;
 }
 
+void vmm_mem__stop(struct vmm_mem *m)
+{
+	if (m && m->dd)
+		vmm_dedup__stop(m->dd);
+}
+
 void vmm_mem__destroy(struct vmm_mem *m)
 {
 	if (!m)

@@ -95,6 +95,11 @@ int vmm_mem__create(struct vmm_mem **out, const struct vmm_mem_cfg *cfg);
 void vmm_mem__set_vcpus(struct vmm_mem *m, const struct vmm_mem_vcpus *v);
 /* Start the dedup thread (physical), or MADV_MERGEABLE (ksm); no-op for off. */
 int vmm_mem__start(struct vmm_mem *m);
+/*
+ * Stop the dedup thread; guest RAM stays as it is. For KVM guests, call it
+ * before the VM goes: the thread pauses the vCPUs and reads the dirty log.
+ */
+void vmm_mem__stop(struct vmm_mem *m);
 /* Stop the dedup thread, print nothing, unmap guest RAM. */
 void vmm_mem__destroy(struct vmm_mem *m);
 
