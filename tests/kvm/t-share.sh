@@ -8,6 +8,12 @@
 # - a vCPU that sleeps in a userfaultfd fault inside KVM's nested-paging fault handler
 #   crashed the outer guest's kernel (Debian 6.1 under QEMU's emulated SVM): the plane
 #   tracks KVM guests' writes with KVM's dirty log instead (vmm/track.c).
+# OPEN: with kvm_amd npt=1 (QEMU's emulated nested paging) one of the two guests
+# triple-faults in early boot in most runs while pages merge: a #PF on an address
+# mapped a moment before, once with a reserved-bit error (a page table holding wrong
+# bytes). Not seen with npt=0 (shadow paging), with merging off, or with one guest.
+# Whether TCG's nested paging or the plane is at fault is not known; the suite runs
+# this test with `nested.sh --npt 0`.
 T=kvm-share
 [ "${1:-}" = write ] && T=kvm-private-write
 . /tests/lib.sh
