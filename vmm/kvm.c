@@ -16,6 +16,7 @@
 
 #include "acpi.h"
 #include "boot.h"
+#include "cpuid.h"
 #include "kvm.h"
 #include "log.h"
 #include "mem.h"
@@ -372,8 +373,9 @@ static bool kvm_exit(struct vmm_vcpu *v)
  * would merge or discard bytes KVM has changed behind it, and the guest's
  * clock stops). The plane therefore keeps these pages out of dedup; it learns
  * them here, from each vCPU's MSRs read while the vCPU is parked, which is
- * exactly when the plane merges. The feature bits below are masked out of
- * CPUID so that the guest hands out no more such pages than its clock needs.
+ * exactly when the plane merges. cpuid.c hides the other paravirtual
+ * features, so that the guest hands out no more such pages than its clock
+ * needs.
  */
 static const struct { uint32_t index; uint32_t len; } kvm_pv_msrs[VMM_KVM_PV_MSRS] = {
 	{ MSR_KVM_WALL_CLOCK, 12 },      /* struct pvclock_wall_clock */
@@ -384,10 +386,6 @@ static const struct { uint32_t index; uint32_t len; } kvm_pv_msrs[VMM_KVM_PV_MSR
 	{ MSR_KVM_STEAL_TIME, 64 },      /* struct kvm_steal_time */
 	{ MSR_KVM_PV_EOI_EN, 4 },
 };
-#define KVM_PV_FEATURES_OFF ((1u << KVM_FEATURE_ASYNC_PF) | (1u << KVM_FEATURE_STEAL_TIME) | \
-			     (1u << KVM_FEATURE_PV_EOI) | (1u << KVM_FEATURE_ASYNC_PF_VMEXIT) | \
-			     (1u << KVM_FEATURE_ASYNC_PF_INT))
-
 static void kvm_vcpu_pv_read(struct vmm_vcpu *v)
 {
 	struct { struct kvm_msrs hdr; struct kvm_msr_entry e[VMM_KVM_PV_MSRS]; } m;
@@ -514,57 +512,6 @@ void vmm_kvm__resume(void *opaque)
 
 /* --- setup --- */
 
-/* Leaf 0xB (x2APIC topology): one thread per core, n cores, this vCPU's APIC id. */
-static void kvm_cpuid_topology(struct kvm_cpuid_entry2 *e, unsigned id, unsigned n)
-{
-	unsigned shift = 0;
-
-	while ((1u << shift) < n)
-		shift++;
-	e->edx = id;
-	if (e->index == 0) {
-		e->eax = 0;
-		e->ebx = 1;
-		e->ecx = (1u << 8) | 0;       /* level 0: SMT */
-	} else if (e->index == 1) {
-		e->eax = shift;
-		e->ebx = n;
-		e->ecx = (2u << 8) | 1;       /* level 1: core */
-	} else {
-		e->eax = e->ebx = 0;
-		e->ecx = e->index;            /* invalid level: the end */
-	}
-}
-
-static int kvm_vcpu_cpuid(struct vmm_kvm *k, struct vmm_vcpu *v)
-{
-	size_t sz = sizeof(*k->cpuid) + k->cpuid->nent * sizeof(k->cpuid->entries[0]);
-	struct kvm_cpuid2 *c = malloc(sz);
-	int ret = 0;
-
-	if (!c)
-		return -ENOMEM;
-	memcpy(c, k->cpuid, sz);
-	for (unsigned i = 0; i < c->nent; i++) {
-		struct kvm_cpuid_entry2 *e = &c->entries[i];
-
-		if (e->function == 1) {
-			/* initial APIC id in EBX[31:24], logical processors in EBX[23:16] */
-			e->ebx = (e->ebx & 0xffffu) | (v->id << 24) | ((k->nvcpus & 0xffu) << 16);
-			/* "running under a hypervisor": Linux then finds KVM's leaves (kvm-clock) */
-			e->ecx |= 1u << 31;
-		} else if (e->function == 0xb || e->function == 0x1f) {
-			kvm_cpuid_topology(e, v->id, k->nvcpus);
-		} else if (e->function == KVM_CPUID_FEATURES) {
-			e->eax &= ~KVM_PV_FEATURES_OFF;
-		}
-	}
-	if (ioctl(v->fd, KVM_SET_CPUID2, c))
-		ret = -errno;
-	free(c);
-	return ret;
-}
-
 /* MSRs a fresh x86 CPU would have; a failing one is noted, not fatal. */
 static void kvm_vcpu_msrs(struct vmm_vcpu *v)
 {
@@ -632,7 +579,7 @@ static int kvm_vcpu_create(struct vmm_kvm *k, struct vmm_vcpu *v, unsigned id)
 	}
 	v->run = run;
 	what = "KVM_SET_CPUID2";
-	if ((ret = kvm_vcpu_cpuid(k, v)))
+	if ((ret = vmm_cpuid__set(v->fd, k->cpuid, v->id, k->nvcpus)))
 		goto err_ret;
 	kvm_vcpu_msrs(v);
 	what = "KVM_SET_LAPIC";
@@ -647,23 +594,6 @@ err:
 err_ret:
 	log_err("kvm: vCPU %u: %s: %s", id, what, strerror(-ret));
 	return ret;
-}
-
-static int kvm_get_cpuid(struct vmm_kvm *k)
-{
-	for (unsigned n = 64; n <= 4096; n *= 2) {
-		k->cpuid = calloc(1, sizeof(*k->cpuid) + n * sizeof(k->cpuid->entries[0]));
-		if (!k->cpuid)
-			return -ENOMEM;
-		k->cpuid->nent = n;
-		if (!ioctl(k->sys_fd, KVM_GET_SUPPORTED_CPUID, k->cpuid))
-			return 0;
-		free(k->cpuid);
-		k->cpuid = NULL;
-		if (errno != E2BIG)
-			return -errno;
-	}
-	return -E2BIG;
 }
 
 int vmm_kvm__dirty_get(void *opaque, uint64_t *bitmap)
@@ -789,7 +719,7 @@ int vmm_kvm__create(struct vmm_kvm **out, const struct vmm_kvm_cfg *cfg)
 	}
 	if ((ret = kvm_open(k)) || (ret = kvm_vm_setup(k)) || (ret = kvm_builtin_ports(k)))
 		goto err;
-	if ((ret = kvm_get_cpuid(k))) {
+	if ((ret = vmm_cpuid__get(k->sys_fd, &k->cpuid))) {
 		log_err("kvm: KVM_GET_SUPPORTED_CPUID: %s", strerror(-ret));
 		goto err;
 	}
