@@ -56,8 +56,10 @@ if [ "$T" = kvm-private-write ]; then
 	vm_cmd vm0 "write 99"
 	line=$(pvg_event vm0 write 120) || fail "vm0 did not answer write"
 	say "vm0: $line"
+	n=$(($(grep -c '"event":"verify"' /tmp/vm0.out) + 1))
 	vm_cmd vm0 "verify"
-	line=$(pvg_event vm0 verify 120) || fail "vm0 did not answer verify"
+	line=$(pvg_event vm0 verify 120 $n) ||
+		fail "vm0 did not answer verify"
 	say "vm0: $line"
 	check "vm0: its own bytes changed (digest of seed 99)" [ "$(json_field "$line" digest)" = "$want_w" ]
 	check "vm0: verify found 0 mismatches" [ "$(json_field "$line" verify_mismatched)" = 0 ]
@@ -65,8 +67,10 @@ if [ "$T" = kvm-private-write ]; then
 	say "vm0 stats after write: cow_breaks $(json_field "$s0" cow_breaks), pages_shared $(json_field "$s0" pages_shared)"
 	check "vm0: copy-on-write breaks counted" [ "$(json_field "$s0" cow_breaks)" -gt $((PAGES / 2)) ]
 fi
+n=$(($(grep -c '"event":"verify"' /tmp/vm1.out) + 1))
 vm_cmd vm1 "verify"
-line=$(pvg_event vm1 verify 120) || fail "vm1 did not answer verify"
+line=$(pvg_event vm1 verify 120 $n) ||
+	fail "vm1 did not answer verify"
 say "vm1: $line"
 check "vm1: its bytes are unchanged" [ "$(json_field "$line" digest)" = "$want" ]
 check "vm1: verify found 0 mismatches" [ "$(json_field "$line" verify_mismatched)" = 0 ]
