@@ -300,7 +300,7 @@ static void vmm_dedup_discard_zero(struct vmm_dedup *dd, const uint64_t *pg, uns
 			uint8_t *p = dd->m->ram + pg[k] * PROTO_PAGE_SIZE;
 
 			for (z = k; z < j && !(dd->state[pg[z]] & VMM_PG_PINNED) &&
-			     !(dd->kvm_dirty && vmm_track_dma_busy(dd, pg[z])) &&
+			     !vmm_track_dma_busy(dd, pg[z]) &&
 			     util_page_is_zero(p + (uint64_t)(z - k) * PROTO_PAGE_SIZE); z++)
 				;
 			if (z == k) {

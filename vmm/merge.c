@@ -8,7 +8,6 @@
 
 #include "dedup.h"
 #include "log.h"
-#include "uffd.h"
 #include "util.h"
 
 /*
@@ -364,10 +363,7 @@ static void vmm_merge_remap(struct vmm_dedup *dd, struct vmm_seg *s, const struc
 		return;
 	}
 	dd->vma_used += 2;
-	/* a dirty log needs nothing here: writes to the read-only slot pages copy on write */
-	ret = dd->kvm_dirty ? 0 : vmm_uffd__register_wp(dd->uffd, addr, len);
-	if (!ret && !dd->kvm_dirty)
-		ret = vmm_uffd__wp(dd->uffd, addr, len, true, false);
+	ret = vmm_track_remapped(dd, v[0].page, n);
 	if (ret)
 		log_err("dedup: cannot protect a remapped run: %s", strerror(-ret));
 	now = util_now_ns();
@@ -384,8 +380,7 @@ static void vmm_merge_remap(struct vmm_dedup *dd, struct vmm_seg *s, const struc
 	}
 	dd->st.merge_ns_avg = dd->merge_ns_sum / dd->st.merges;
 	dd->st.last_merge_ns = now;
-	if (!dd->kvm_dirty)
-		vmm_uffd__wake(dd->uffd, addr, len);
+	vmm_track_wake(dd, v[0].page, n);
 	if (madvise(addr, len, MADV_POPULATE_READ) && errno != EINVAL)
 		log_debug("dedup: MADV_POPULATE_READ: %s", strerror(errno));
 	vmm_merge_check_cow(dd, v, n);
@@ -433,14 +428,13 @@ static void vmm_merge_run(struct vmm_dedup *dd, const struct vmm_mapv *v, uint32
 		vmm_merge_drop(dd, v, n);
 		return;
 	}
-	if (dd->test_no_wp && !dd->kvm_dirty)
-		vmm_uffd__wp(dd->uffd, dd->m->ram + v[0].page * PROTO_PAGE_SIZE,
-			     (uint64_t)n * PROTO_PAGE_SIZE, false, false);
+	if (dd->test_no_wp)
+		vmm_track_unprotect_run(dd, v[0].page, n, false);
 	dd->cmp_first = dd->cmp_n = 0; /* cmpbuf holds nothing of this run yet */
 	for (uint32_t i = 0; i < n; i++) {
 		/* a page a device is writing into is not merged (dirty-log tracking) */
 		bool hashed = vmm_dedup_state(dd, v[i].page) == VMM_PG_HASHED &&
-			      !(dd->kvm_dirty && vmm_track_dma_busy(dd, v[i].page));
+			      !vmm_track_dma_busy(dd, v[i].page);
 
 		if (hashed && vmm_merge_same(dd, s, v, i, n))
 			continue;

@@ -128,12 +128,40 @@ void vmm_track_protect_run(struct vmm_dedup *dd, uint64_t first, uint64_t n)
 	vmm_track_clear(dd, w0, w1 - w0 + 1);
 }
 
-/* Write faults only: let writes to @page through again (and wake its writers). */
-void vmm_track_unprotect(struct vmm_dedup *dd, uint64_t page, bool wake)
+/* Write faults only: let writes to [first, first+n) through again (and wake their writers). */
+void vmm_track_unprotect_run(struct vmm_dedup *dd, uint64_t first, uint64_t n, bool wake)
 {
 	if (!dd->kvm_dirty)
-		vmm_uffd__wp(dd->uffd, dd->m->ram + page * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE, false,
-			     wake);
+		vmm_uffd__wp(dd->uffd, dd->m->ram + first * PROTO_PAGE_SIZE, n * PROTO_PAGE_SIZE,
+			     false, wake);
+}
+
+void vmm_track_unprotect(struct vmm_dedup *dd, uint64_t page, bool wake)
+{
+	vmm_track_unprotect_run(dd, page, 1, wake);
+}
+
+/*
+ * A run was just remapped from a pool segment: the new VMA needs registering
+ * and protecting for write faults. A dirty log needs nothing: the slot pages
+ * are read-only, so a vCPU write copies on write and sets the page's bit.
+ */
+int vmm_track_remapped(struct vmm_dedup *dd, uint64_t first, uint64_t n)
+{
+	uint8_t *addr = dd->m->ram + first * PROTO_PAGE_SIZE;
+	int ret;
+
+	if (dd->kvm_dirty)
+		return 0;
+	ret = vmm_uffd__register_wp(dd->uffd, addr, n * PROTO_PAGE_SIZE);
+	return ret ? ret : vmm_uffd__wp(dd->uffd, addr, n * PROTO_PAGE_SIZE, true, false);
+}
+
+/* Write faults only: wake writers that faulted on [first, first+n) during a remap. */
+void vmm_track_wake(struct vmm_dedup *dd, uint64_t first, uint64_t n)
+{
+	if (!dd->kvm_dirty)
+		vmm_uffd__wake(dd->uffd, dd->m->ram + first * PROTO_PAGE_SIZE, n * PROTO_PAGE_SIZE);
 }
 
 static bool vmm_track_tracked(const struct vmm_dedup *dd, uint64_t page)
@@ -210,7 +238,7 @@ void vmm_track_release(struct vmm_dedup *dd)
 	pthread_mutex_unlock(&dd->dev_lock);
 }
 
-/* Is a device write into @page under way? (dma_lock held) */
+/* Is a device write into @page under way? (dma_lock held; always false without a dirty log) */
 bool vmm_track_dma_busy(const struct vmm_dedup *dd, uint64_t page)
 {
 	for (uint32_t i = 0; i < dd->ndma; i++)
