@@ -204,7 +204,6 @@ void vmm_dedup_faults(struct vmm_dedup *dd)
 /* --- hashing ------------------------------------------------------------ */
 
 #define VMM_PAUSE_WAIT_NS 2000000000ull /* vCPUs that do not stop for this long: skip */
-#define VMM_HV_PAGES_MAX  (2 * 7 * 64)   /* two pages per PV area, 7 areas, 64 vCPUs */
 
 /*
  * Keep the pages the hypervisor writes out of dedup (VMM_PG_PINNED). Called
@@ -216,12 +215,12 @@ void vmm_dedup_faults(struct vmm_dedup *dd)
  */
 static void vmm_dedup_pin_hv(struct vmm_dedup *dd)
 {
-	uint64_t gpa[VMM_HV_PAGES_MAX];
+	uint64_t gpa[VMM_MEM_HV_PAGES_MAX];
 	unsigned n;
 
 	if (!dd->m->vcpus.hv_pages)
 		return;
-	n = dd->m->vcpus.hv_pages(dd->m->vcpus.opaque, gpa, VMM_HV_PAGES_MAX);
+	n = dd->m->vcpus.hv_pages(dd->m->vcpus.opaque, gpa, VMM_MEM_HV_PAGES_MAX);
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t page = gpa[i] / PROTO_PAGE_SIZE;
 
@@ -232,8 +231,7 @@ static void vmm_dedup_pin_hv(struct vmm_dedup *dd)
 		log_debug("dedup: page %llu pinned: the hypervisor writes it",
 			  (unsigned long long)page);
 		if (vmm_dedup_state(dd, page) == VMM_PG_HASHED) {
-			vmm_dedup_send(dd, PROTO_OP_FORGET, page, NULL, 0, 0);
-			vmm_dedup_set_state(dd, page, VMM_PG_DIRTY);
+			vmm_dedup_written(dd, page, true); /* FORGET; never hashed again */
 			vmm_track_unprotect(dd, page, false);
 		}
 	}

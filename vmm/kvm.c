@@ -386,6 +386,9 @@ static const struct { uint32_t index; uint32_t len; } kvm_pv_msrs[VMM_KVM_PV_MSR
 	{ MSR_KVM_STEAL_TIME, 64 },      /* struct kvm_steal_time */
 	{ MSR_KVM_PV_EOI_EN, 4 },
 };
+_Static_assert(2 * VMM_KVM_PV_MSRS * VMM_KVM_VCPUS_MAX <= VMM_MEM_HV_PAGES_MAX,
+	       "the plane's hv_pages buffer holds every vCPU's PV pages");
+
 static void kvm_vcpu_pv_read(struct vmm_vcpu *v)
 {
 	struct { struct kvm_msrs hdr; struct kvm_msr_entry e[VMM_KVM_PV_MSRS]; } m;

@@ -76,6 +76,7 @@ struct vmm_mem_vcpus {
 	 * them again. Fills up to max addresses, returns how many. May be NULL.
 	 */
 	unsigned (*hv_pages)(void *opaque, uint64_t *gpa, unsigned max);
+#define VMM_MEM_HV_PAGES_MAX 1024 /* the plane asks for at most this many */
 	/*
 	 * KVM's dirty log of guest RAM (vmm_kvm__dirty_get/_clear), or NULL. With
 	 * it the plane learns of vCPU writes from the log instead of write faults:
