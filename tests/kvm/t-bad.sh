@@ -33,7 +33,7 @@ put $((1024 + 0x204)) '\017\001\034\044\017\013'
 t0=$(uptime_s)
 pvisor run --guest kvm --kernel $f --mem 64M --dedup off </dev/null >/tmp/tf.out 2>/tmp/tf.err &
 pid=$!
-i=0; while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+end=$(deadline 30); while kill -0 $pid 2>/dev/null && before $end; do sleep 0.1; done
 kill -0 $pid 2>/dev/null && { kill -9 $pid; fail "triple fault: pvisor still running after 30 s"; }
 wait $pid; rc=$?
 cat /tmp/tf.err

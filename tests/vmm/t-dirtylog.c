@@ -43,15 +43,16 @@ struct t_vcpu {
 static struct t_vcpu t_cpu = { .lock = PTHREAD_MUTEX_INITIALIZER,
 			       .cond = PTHREAD_COND_INITIALIZER, .log = true };
 
-static void t_pause(void *o)
+static void t_set_pause(struct t_vcpu *c, bool on)
 {
-	struct t_vcpu *c = o;
-
 	pthread_mutex_lock(&c->lock);
-	c->pause_req = true;
+	c->pause_req = on;
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
 }
+
+static void t_pause(void *o) { t_set_pause(o, true); }
+static void t_resume(void *o) { t_set_pause(o, false); }
 
 static bool t_paused(void *o)
 {
@@ -62,16 +63,6 @@ static bool t_paused(void *o)
 	p = c->parked;
 	pthread_mutex_unlock(&c->lock);
 	return p;
-}
-
-static void t_resume(void *o)
-{
-	struct t_vcpu *c = o;
-
-	pthread_mutex_lock(&c->lock);
-	c->pause_req = false;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->lock);
 }
 
 static int t_dirty_get(void *o, uint64_t *bitmap)
